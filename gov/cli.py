@@ -1,0 +1,196 @@
+"""The `gov` command line: a thin shell over the library.
+
+Data goes to stdout, messages to stderr; a failure is one line on stderr and exit 1.
+Every option can come from a GOV_* environment variable (shown in --help).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from gov import migrate, policy
+from gov.db import resolve_url, stop_embedded, translate_errors
+from gov.errors import GovError
+from gov.governor import Governor
+from gov.message import Message
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Group(click.Group):
+    """Turns gov's own errors into one line on stderr and exit 1 (no traceback)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GovError as exc:
+            click.echo(f"gov: error: {exc}", err=True)
+            sys.exit(1)
+
+
+def _url_option(fn: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar="GOV_DATABASE_URL",
+        show_envvar=True,
+        help="PostgreSQL URL. Without one, an embedded server under $GOV_DATA_DIR (./.gov) is used.",
+    )(fn)
+
+
+@contextmanager
+def _connect(url: str | None, *, migrated: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    dsn = resolve_url(url)
+    if migrated and url is None and not _is_configured():
+        # the embedded default is ours: bring it to head on first use
+        migrate.upgrade(dsn)
+    with translate_errors(), psycopg.connect(dsn) as conn:
+        yield conn
+
+
+def _is_configured() -> bool:
+    import os
+
+    return bool(os.environ.get("GOV_DATABASE_URL"))
+
+
+def _dsn(url: str | None) -> str:
+    dsn = resolve_url(url)
+    if url is None and not _is_configured():
+        migrate.upgrade(dsn)
+    return dsn
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "GOV", "show_default": True})
+@click.version_option(package_name="gov")
+def main() -> None:
+    """gov: the send-rate governor for web push, in PostgreSQL."""
+
+
+# ---------------------------------------------------------------- gov db
+
+
+@main.group()
+def db() -> None:
+    """Schema migrations and the embedded server."""
+
+
+@db.command("upgrade")
+@_url_option
+def db_upgrade(database_url: str | None) -> None:
+    """Migrate the database to the newest schema (and apply the default policy if none)."""
+    with translate_errors():
+        migrate.upgrade(resolve_url(database_url))
+    click.echo(f"gov: schema at {migrate.head()}", err=True)
+
+
+@db.command("check")
+@_url_option
+def db_check(database_url: str | None) -> None:
+    """Exit non-zero while migrations are pending."""
+    with translate_errors():
+        todo = migrate.pending(resolve_url(database_url))
+    if todo:
+        click.echo(f"gov: {len(todo)} migration(s) pending: {', '.join(todo)}; run `gov db upgrade`", err=True)
+        sys.exit(1)
+    click.echo(f"gov: schema at {migrate.head()}, nothing pending", err=True)
+
+
+@db.command("stop")
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL under $GOV_DATA_DIR, if it runs."""
+    click.echo("gov: embedded server stopped" if stop_embedded() else "gov: no embedded server running", err=True)
+
+
+# ---------------------------------------------------------------- gov policy
+
+
+@main.group("policy")
+def policy_group() -> None:
+    """Show and apply the policy (tiers, windows, caps, quiet hours)."""
+
+
+@policy_group.command("show")
+@_url_option
+def policy_show(database_url: str | None) -> None:
+    """Print the stored policy as TOML."""
+    with _connect(database_url) as conn:
+        click.echo(policy.load_stored(conn).to_toml(), nl=False)
+
+
+@policy_group.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
+@click.option("--dry-run", is_flag=True, help="Print the diff only; change nothing.")
+@_url_option
+def policy_apply(file: Path, dry_run: bool, database_url: str | None) -> None:
+    """Load a TOML policy FILE, print its diff against the stored one, and store it."""
+    if str(file) == "-":
+        text, name = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, name = file.read_text(encoding="utf-8"), str(file)
+        except OSError as exc:
+            raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise GovError(f"{file}: not UTF-8 text") from None
+    new = policy.parse_policy(text, name)
+    with _connect(database_url) as conn:
+        delta = policy.diff(policy.load_stored(conn), new)
+        click.echo(delta or "# no change\n", nl=False)
+        if dry_run:
+            click.echo("gov: dry run, nothing applied", err=True)
+            return
+        policy.apply(conn, new, text)
+    click.echo("gov: policy applied", err=True)
+
+
+# ---------------------------------------------------------------- gov decide
+
+
+def _parse_at(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
+    if at.tzinfo is None:
+        raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
+    return at
+
+
+@main.command()
+@click.option("--user", "user_id", required=True, help="The subscriber's stable user id.")
+@click.option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
+@click.option("--id", "message_id", required=True, help="The message's stable id (idempotency key).")
+@click.option("--topic", default=None, help="Topic, for per-topic caps.")
+@click.option("--campaign", default=None, help="Campaign id, logged with a suppression.")
+@click.option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
+@_url_option
+def decide(
+    user_id: str,
+    tier: str,
+    message_id: str,
+    topic: str | None,
+    campaign: str | None,
+    at: str | None,
+    database_url: str | None,
+) -> None:
+    """Decide allow or suppress for one message; print the verdict as JSON."""
+    message = Message(user_id=user_id, id=message_id, tier=tier, topic=topic, campaign_id=campaign)
+    when = _parse_at(at)
+    with Governor(_dsn(database_url), pool_size=1) as gov:
+        verdict = gov.decide(message, at=when)
+    click.echo(json.dumps(verdict.as_json(), separators=(",", ":")))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

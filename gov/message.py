@@ -1,0 +1,85 @@
+"""The message a caller asks about, and the verdict it gets."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gov.errors import InvalidMessage
+
+TIER_FORM = re.compile(r"^P[0-9]$")
+MAX_ID_LENGTH = 256  # characters, for user ids, message ids, topics, campaigns, collapse keys
+
+
+def _check_text(name: str, value: object, *, required: bool) -> None:
+    if value is None:
+        if required:
+            raise InvalidMessage(f"{name} is required")
+        return
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{name} must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise InvalidMessage(f"{name} must not be empty")
+    if not required and value == "":
+        raise InvalidMessage(f"{name} must not be empty when given (omit it instead)")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidMessage(f"{name} is {len(value)} characters; at most {MAX_ID_LENGTH}")
+    if "\x00" in value:
+        raise InvalidMessage(f"{name} contains a NUL byte")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One notification for one user.
+
+    ``tier`` is required and has no default (invariant 8): an unclassified message is
+    refused here, before the database is touched. ``id`` is the stable id of the logical
+    message: a retry with the same id gets the first verdict and spends nothing.
+    """
+
+    user_id: str
+    id: str
+    tier: str
+    topic: str | None = None
+    campaign_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_text("user_id", self.user_id, required=True)
+        _check_text("message id", self.id, required=True)
+        if self.tier is None or self.tier == "":
+            raise InvalidMessage("tier is required (P0, P1, P2 or P3): there is no default")
+        if not isinstance(self.tier, str) or not TIER_FORM.match(self.tier):
+            raise InvalidMessage(f"unknown tier {self.tier!r}: expected P0..P9 as the policy defines")
+        _check_text("topic", self.topic, required=False)
+        _check_text("campaign_id", self.campaign_id, required=False)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The governor's answer: allowed, or suppressed with the verb and the rule that said so.
+
+    ``reason`` is the blocking rule's stable name: ``cap_<ms>ms`` for a tier window,
+    ``topic_cap_<ms>ms`` for a topic cap, ``global_cap_<ms>ms`` for the global cap.
+    ``retry_after_ms`` is when that window next frees a slot (None for a cap of 0).
+    ``repeated`` is True when this message id was decided before and this is that verdict.
+    """
+
+    allowed: bool
+    action: str | None = None
+    reason: str | None = None
+    used: int | None = None
+    cap: int | None = None
+    retry_after_ms: int | None = None
+    repeated: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """The CLI's shape: ``{"allowed": true}`` or the suppression with its reason."""
+        if self.allowed:
+            return {"allowed": True}
+        return {
+            "allowed": False,
+            "action": self.action,
+            "reason": self.reason,
+            "retry_after_ms": self.retry_after_ms,
+        }

@@ -1,0 +1,92 @@
+"""Schema migrations: Alembic revisions that replay frozen SQL files from ``sql/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command, op
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
+
+from gov.db import sqlalchemy_url
+from gov.queries import sql_dir
+
+VERSION_TABLE = "gov_alembic_version"
+
+
+def alembic_dir() -> Path:
+    """The migrations: packaged as gov/_alembic in a wheel, ./alembic in a checkout."""
+    packaged = Path(__file__).parent / "_alembic"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "alembic"
+
+
+def run_sql_file(relative: str) -> None:
+    """Execute one frozen SQL file inside the running migration (called from revisions)."""
+    sql = (sql_dir() / relative).read_text(encoding="utf-8")
+    # Sent through psycopg without parameters, so '%' in PL/pgSQL RAISE is not a placeholder;
+    # same connection, so same transaction as Alembic's version bookkeeping.
+    op.get_bind().connection.driver_connection.execute(sql)
+
+
+def _config(connection: Any) -> Config:
+    cfg = Config()
+    cfg.set_main_option("path_separator", "os")
+    cfg.set_main_option("script_location", str(alembic_dir()))
+    cfg.set_main_option("version_locations", str(alembic_dir() / "versions"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _run(url: str, fn: Any, *args: Any) -> Any:
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        with engine.begin() as conn:
+            return fn(conn, *args)
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate to ``revision`` and, on a database with no policy yet, apply the default."""
+
+    def go(conn: Any) -> None:
+        command.upgrade(_config(conn), revision)
+        if revision == "head" and conn.execute(text("SELECT count(*) FROM gov.tiers")).scalar() == 0:
+            from gov import policy
+
+            raw = conn.connection.driver_connection
+            policy.apply(raw, policy.default_policy(), policy.default_policy_text())
+
+    _run(url, go)
+
+
+def downgrade(url: str, revision: str) -> None:
+    _run(url, lambda conn: command.downgrade(_config(conn), revision))
+
+
+def head() -> str:
+    script = ScriptDirectory.from_config(_config(None))
+    heads = script.get_heads()
+    assert len(heads) == 1, f"migrations have {len(heads)} heads: {heads}"
+    return heads[0]
+
+
+def current(url: str) -> str | None:
+    def go(conn: Any) -> str | None:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
+
+    return _run(url, go)
+
+
+def pending(url: str) -> list[str]:
+    """Revisions not yet applied, oldest first (empty when the database is at head)."""
+    script = ScriptDirectory.from_config(_config(None))
+    now = current(url)
+    revs = [r.revision for r in script.iterate_revisions(head(), now)]
+    return list(reversed(revs))

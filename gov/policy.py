@@ -1,0 +1,458 @@
+"""Policy as data: parse and validate a TOML policy, store it in tables, diff it.
+
+The policy file is the one reviewable place where caps live (invariant 9). It is
+validated completely before anything is written; a bad file is refused with the line
+and the reason, and the stored policy is left as it was.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import time
+from importlib import resources
+from typing import Any
+
+import psycopg
+
+from gov.errors import PolicyError
+from gov.queries import q
+
+VERBS = ("drop", "defer", "collapse")
+URGENCIES = ("very-low", "low", "normal", "high")
+DEFAULT_DEFER_MAX_MS = 6 * 3600 * 1000  # milliseconds: the seeds' ceiling on a deferral
+DEFAULT_TTL_S = 86400  # seconds
+MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
+_UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_TIER_NAME = re.compile(r"^P[0-9]$")
+_CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """A rolling window: at most ``cap`` sends in any ``window_ms`` milliseconds."""
+
+    window_ms: int
+    cap: int
+
+    @property
+    def rule_name(self) -> str:
+        return f"cap_{self.window_ms}ms"
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    exempt: bool = False
+    on_exceed: str | None = None
+    defer_max_ms: int | None = None
+    ttl_s: int = DEFAULT_TTL_S
+    urgency: str = "normal"
+    consumes: tuple[str, ...] = ()
+    windows: tuple[Window, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    tiers: dict[str, Tier]
+    topics: dict[str, tuple[Window, ...]] = field(default_factory=dict)
+    global_windows: tuple[Window, ...] = ()
+    quiet_start: time | None = None
+    quiet_end: time | None = None
+    jitter_ms: int = 0
+
+    def to_toml(self) -> str:
+        """The canonical text of this policy: what `gov policy show` prints and diffs."""
+        out: list[str] = []
+        for tier in sorted(self.tiers.values(), key=lambda t: t.name):
+            out.append(f"[tiers.{tier.name}]")
+            if tier.exempt:
+                out.append("exempt = true")
+            else:
+                out.append(f"windows = {_windows_toml(tier.windows)}")
+                out.append(f'on_exceed = "{tier.on_exceed}"')
+                if tier.defer_max_ms is not None:
+                    out.append(f'defer_max = "{format_duration(tier.defer_max_ms)}"')
+                out.append("consumes = [" + ", ".join(f'"{c}"' for c in tier.consumes) + "]")
+            out.append(f'ttl = "{format_duration(tier.ttl_s * 1000)}"')
+            out.append(f'urgency = "{tier.urgency}"')
+            out.append("")
+        if self.topics:
+            out.append("[topics]")
+            for topic in sorted(self.topics):
+                out.append(f"{_toml_key(topic)} = {_windows_toml(self.topics[topic])}")
+            out.append("")
+        if self.global_windows:
+            out.append("[global]")
+            out.append(f"windows = {_windows_toml(self.global_windows)}")
+            out.append("")
+        if self.quiet_start is not None or self.jitter_ms:
+            out.append("[quiet_hours]")
+            if self.quiet_start is not None and self.quiet_end is not None:
+                out.append(f'start = "{self.quiet_start:%H:%M}"')
+                out.append(f'end = "{self.quiet_end:%H:%M}"')
+            if self.jitter_ms:
+                out.append(f'jitter = "{format_duration(self.jitter_ms)}"')
+            out.append("")
+        return "\n".join(out)
+
+    def default_window_cap(self, scope: str, window_ms: int) -> int | None:
+        """The default cap a user's own cap for (scope, window) must not exceed."""
+        if scope == "global":
+            windows = self.global_windows
+        elif scope == "topic":
+            windows = self.topics.get("*", ())
+        else:
+            tier = self.tiers.get(scope)
+            windows = tier.windows if tier else ()
+        return next((w.cap for w in windows if w.window_ms == window_ms), None)
+
+
+def _windows_toml(windows: tuple[Window, ...]) -> str:
+    inner = ", ".join(
+        f'{{ window = "{format_duration(w.window_ms)}", cap = {w.cap} }}' for w in windows
+    )
+    return f"[{inner}]"
+
+
+def _toml_key(key: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        return key
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def format_duration(ms: int) -> str:
+    """Render milliseconds in the largest unit that divides them: 86400000 → "24h"."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS_MS[unit]
+        if ms % size == 0 and ms >= size:
+            if unit == "d" and ms // size == 1:
+                return "24h"
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def parse_duration(value: object, what: str) -> int:
+    """A duration in milliseconds from "24h" / "7d" / "90m" / "30s" / "500ms" or an int of ms."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: expected a duration such as \"24h\", got {value!r}")
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        ms = int(m.group(1)) * _UNITS_MS[m.group(2)]
+    else:
+        raise ValueError(f"{what}: expected a duration such as \"24h\" or \"7d\", got {value!r}")
+    if ms <= 0:
+        raise ValueError(f"{what}: must be positive, got {value!r}")
+    return ms
+
+
+def parse_clock(value: object, what: str) -> time:
+    if not isinstance(value, str) or not (m := _CLOCK.match(value)):
+        raise ValueError(f"{what}: expected a local time HH:MM, got {value!r}")
+    return time(int(m.group(1)), int(m.group(2)))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+class _Locator:
+    """Finds the line a problem is on, so a refusal points at it."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def line(self, section: str | None, key: str | None = None) -> int:
+        start = 0
+        if section is not None:
+            header = re.compile(r"^\s*\[\s*" + re.escape(section).replace(r"\.", r"\s*\.\s*") + r"\s*\]")
+            for i, line in enumerate(self.lines):
+                if header.match(line):
+                    start = i
+                    break
+            else:
+                return self._first(key) if key else 1
+        if key is None:
+            return start + 1
+        key_re = re.compile(r'^\s*"?' + re.escape(key) + r'"?\s*=')
+        for i in range(start, len(self.lines)):
+            if i > start and section is not None and self.lines[i].lstrip().startswith("["):
+                break
+            if key_re.match(self.lines[i]):
+                return i + 1
+        return start + 1
+
+    def _first(self, key: str) -> int:
+        for i, line in enumerate(self.lines):
+            if re.search(r"\b" + re.escape(key) + r"\b", line):
+                return i + 1
+        return 1
+
+
+def parse_policy(text: str, source: str = "policy") -> Policy:
+    """Parse and validate a policy file's text; raise PolicyError("source:line: reason")."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends "(at line L, column C)": keep the position, in our form.
+        m = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        line = m.group(1) if m else "1"
+        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "invalid TOML"
+        raise PolicyError(f"{source}:{line}: {reason}") from None
+    where = _Locator(text)
+    try:
+        return _build(data, where, source)
+    except _Refusal as exc:
+        raise PolicyError(f"{source}:{exc.line}: {exc.reason}") from None
+
+
+class _Refusal(Exception):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+        self.reason = reason
+
+
+def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
+    def refuse(section: str | None, key: str | None, reason: str) -> _Refusal:
+        return _Refusal(where.line(section, key), reason)
+
+    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise refuse(None, key, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours)")
+    raw_tiers = data.get("tiers")
+    if not isinstance(raw_tiers, dict) or not raw_tiers:
+        raise refuse(None, "tiers", "the policy must define at least one tier under [tiers.<name>]")
+
+    def windows(raw: object, section: str, key: str, what: str) -> tuple[Window, ...]:
+        if not isinstance(raw, list):
+            raise refuse(section, key, f"{what}: expected a list of {{ window = \"24h\", cap = 2 }}")
+        seen: set[int] = set()
+        out = []
+        for item in raw:
+            if not isinstance(item, dict) or set(item) != {"window", "cap"}:
+                raise refuse(section, key, f"{what}: each window needs exactly `window` and `cap`")
+            try:
+                ms = parse_duration(item["window"], f"{what} window")
+            except ValueError as exc:
+                raise refuse(section, key, str(exc)) from None
+            cap = item["cap"]
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0 or cap > 1_000_000:
+                raise refuse(section, key, f"{what}: cap must be a whole number ≥ 0, got {cap!r}")
+            if ms in seen:
+                raise refuse(section, key, f"{what}: two windows of {format_duration(ms)}")
+            seen.add(ms)
+            out.append(Window(ms, cap))
+        return tuple(sorted(out))
+
+    tiers: dict[str, Tier] = {}
+    for name, raw in raw_tiers.items():
+        section = f"tiers.{name}"
+        if not _TIER_NAME.match(name):
+            raise refuse(section, None, f"tier name {name!r} must be P0..P9")
+        if not isinstance(raw, dict):
+            raise refuse(section, None, f"tier {name}: expected a table")
+        extra = set(raw) - {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency"}
+        if extra:
+            key = sorted(extra)[0]
+            raise refuse(section, key, f"tier {name}: unknown key {key!r}")
+        exempt = raw.get("exempt", False)
+        if not isinstance(exempt, bool):
+            raise refuse(section, "exempt", f"tier {name}: exempt must be true or false")
+        try:
+            ttl_ms = parse_duration(raw.get("ttl", DEFAULT_TTL_S * 1000), f"tier {name} ttl")
+        except ValueError as exc:
+            raise refuse(section, "ttl", str(exc)) from None
+        if ttl_ms % 1000 or ttl_ms > MAX_TTL_S * 1000:
+            raise refuse(section, "ttl", f"tier {name}: ttl must be whole seconds, at most 28d")
+        urgency = raw.get("urgency", "high" if exempt else "normal")
+        if urgency not in URGENCIES:
+            raise refuse(section, "urgency", f"tier {name}: urgency must be one of {', '.join(URGENCIES)}")
+        if urgency == "high" and not exempt:
+            raise refuse(section, "urgency", f"tier {name}: urgency \"high\" wakes devices; only an exempt (transactional) tier may use it")
+        if exempt:
+            for key in ("windows", "on_exceed", "defer_max", "consumes"):
+                if key in raw:
+                    raise refuse(section, key, f"tier {name} is exempt: it cannot have {key}")
+            tiers[name] = Tier(name, exempt=True, ttl_s=ttl_ms // 1000, urgency=urgency)
+            continue
+        verb = raw.get("on_exceed")
+        if verb not in VERBS:
+            raise refuse(section, "on_exceed", f"tier {name}: on_exceed must be one of drop, defer, collapse (got {verb!r})")
+        defer_max = None
+        if verb == "defer":
+            try:
+                defer_max = parse_duration(raw.get("defer_max", DEFAULT_DEFER_MAX_MS), f"tier {name} defer_max")
+            except ValueError as exc:
+                raise refuse(section, "defer_max", str(exc)) from None
+        elif "defer_max" in raw:
+            raise refuse(section, "defer_max", f"tier {name}: defer_max only applies to on_exceed = \"defer\"")
+        consumes = raw.get("consumes", [name])
+        if not isinstance(consumes, list) or not all(isinstance(c, str) for c in consumes):
+            raise refuse(section, "consumes", f"tier {name}: consumes must be a list of tier names")
+        if name not in consumes:
+            raise refuse(section, "consumes", f"tier {name}: consumes must include {name} itself")
+        if len(set(consumes)) != len(consumes):
+            raise refuse(section, "consumes", f"tier {name}: consumes lists a tier twice")
+        tiers[name] = Tier(
+            name,
+            on_exceed=verb,
+            defer_max_ms=defer_max,
+            ttl_s=ttl_ms // 1000,
+            urgency=urgency,
+            consumes=tuple(sorted(consumes)),
+            windows=windows(raw.get("windows", []), section, "windows", f"tier {name}"),
+        )
+    for tier in tiers.values():
+        for consumed in tier.consumes:
+            if consumed not in tiers:
+                raise refuse(f"tiers.{tier.name}", "consumes", f"tier {tier.name} consumes {consumed}, which is not defined")
+            if tiers[consumed].exempt:
+                raise refuse(f"tiers.{tier.name}", "consumes", f"tier {tier.name} consumes {consumed}, which is exempt")
+
+    topics: dict[str, tuple[Window, ...]] = {}
+    raw_topics = data.get("topics", {})
+    if not isinstance(raw_topics, dict):
+        raise refuse(None, "topics", "[topics] must map a topic (or \"*\") to a list of windows")
+    for topic, raw in raw_topics.items():
+        if not topic or len(topic) > 200 or "\x00" in topic:
+            raise refuse("topics", None, f"topic name {topic!r} must be 1–200 characters")
+        topics[topic] = windows(raw, "topics", topic, f"topic {topic!r}")
+
+    raw_global = data.get("global", {})
+    if not isinstance(raw_global, dict) or set(raw_global) - {"windows"}:
+        raise refuse("global", None, "[global] takes only `windows`")
+    global_windows = windows(raw_global.get("windows", []), "global", "windows", "global")
+
+    raw_quiet = data.get("quiet_hours", {})
+    if not isinstance(raw_quiet, dict) or set(raw_quiet) - {"start", "end", "jitter"}:
+        raise refuse("quiet_hours", None, "[quiet_hours] takes start, end and jitter")
+    quiet_start = quiet_end = None
+    if ("start" in raw_quiet) != ("end" in raw_quiet):
+        raise refuse("quiet_hours", None, "[quiet_hours] needs both start and end")
+    try:
+        if "start" in raw_quiet:
+            quiet_start = parse_clock(raw_quiet["start"], "quiet_hours start")
+            quiet_end = parse_clock(raw_quiet["end"], "quiet_hours end")
+            if quiet_start == quiet_end:
+                raise ValueError("quiet_hours: start and end are equal")
+        jitter_ms = parse_duration(raw_quiet["jitter"], "quiet_hours jitter") if "jitter" in raw_quiet else 0
+    except ValueError as exc:
+        raise refuse("quiet_hours", None, str(exc)) from None
+    return Policy(tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms)
+
+
+def default_policy_text() -> str:
+    return resources.files("gov").joinpath("default_policy.toml").read_text(encoding="utf-8")
+
+
+def default_policy() -> Policy:
+    return parse_policy(default_policy_text(), "default_policy.toml")
+
+
+# ---------------------------------------------------------------- storage
+
+
+def load_stored(conn: psycopg.Connection[Any]) -> Policy:
+    """The policy as the tables hold it now."""
+    tiers_rows = conn.execute(q("policy_tiers")).fetchall()
+    consumes: dict[str, list[str]] = {}
+    for tier, consumed in conn.execute(q("policy_consumes")).fetchall():
+        consumes.setdefault(tier, []).append(consumed)
+    tier_windows: dict[str, list[Window]] = {}
+    topics: dict[str, list[Window]] = {}
+    global_windows: list[Window] = []
+    for scope, topic, window_ms, cap in conn.execute(q("policy_caps")).fetchall():
+        if scope == "global":
+            global_windows.append(Window(window_ms, cap))
+        elif scope == "topic":
+            topics.setdefault(topic, []).append(Window(window_ms, cap))
+        else:
+            tier_windows.setdefault(scope, []).append(Window(window_ms, cap))
+    tiers = {
+        name: Tier(
+            name,
+            exempt=exempt,
+            on_exceed=verb,
+            defer_max_ms=defer_max,
+            ttl_s=ttl,
+            urgency=urgency,
+            consumes=tuple(sorted(consumes.get(name, []))),
+            windows=tuple(sorted(tier_windows.get(name, []))),
+        )
+        for name, exempt, verb, defer_max, ttl, urgency in tiers_rows
+    }
+    settings = conn.execute(q("policy_settings")).fetchone()
+    quiet_start, quiet_end, jitter_ms = settings if settings else (None, None, 0)
+    return Policy(
+        tiers,
+        {t: tuple(sorted(w)) for t, w in topics.items()},
+        tuple(sorted(global_windows)),
+        quiet_start,
+        quiet_end,
+        jitter_ms,
+    )
+
+
+def apply(conn: psycopg.Connection[Any], policy: Policy, source: str) -> None:
+    """Replace the stored policy with ``policy`` in the caller's transaction."""
+    conn.execute(q("lock_policy"))
+    conn.execute(q("clear_caps"))
+    conn.execute(q("clear_consumes"))
+    conn.execute(q("clear_tiers"))
+    with conn.cursor() as cur:
+        cur.executemany(
+            q("insert_tier"),
+            [
+                {
+                    "tier": t.name,
+                    "exempt": t.exempt,
+                    "on_exceed": t.on_exceed,
+                    "defer_max_ms": t.defer_max_ms,
+                    "default_ttl_s": t.ttl_s,
+                    "urgency": t.urgency,
+                }
+                for t in policy.tiers.values()
+            ],
+        )
+        cur.executemany(
+            q("insert_consumes"),
+            [{"tier": t.name, "consumes": c} for t in policy.tiers.values() for c in t.consumes],
+        )
+        caps = [
+            {"scope": t.name, "topic": "", "window_ms": w.window_ms, "cap": w.cap}
+            for t in policy.tiers.values()
+            for w in t.windows
+        ]
+        caps += [
+            {"scope": "topic", "topic": topic, "window_ms": w.window_ms, "cap": w.cap}
+            for topic, ws in policy.topics.items()
+            for w in ws
+        ]
+        caps += [
+            {"scope": "global", "topic": "", "window_ms": w.window_ms, "cap": w.cap}
+            for w in policy.global_windows
+        ]
+        if caps:
+            cur.executemany(q("insert_cap"), caps)
+    conn.execute(
+        q("upsert_settings"),
+        {"quiet_start": policy.quiet_start, "quiet_end": policy.quiet_end, "jitter_ms": policy.jitter_ms},
+    )
+    conn.execute(q("record_policy_version"), {"source": source})
+
+
+def diff(old: Policy, new: Policy, old_name: str = "stored", new_name: str = "file") -> str:
+    """A unified diff of the canonical texts; empty when nothing would change."""
+    return "".join(
+        difflib.unified_diff(
+            old.to_toml().splitlines(keepends=True),
+            new.to_toml().splitlines(keepends=True),
+            fromfile=old_name,
+            tofile=new_name,
+        )
+    )

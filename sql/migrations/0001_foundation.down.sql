@@ -1,0 +1,2 @@
+-- Undo 0001: gov owned nothing before it.
+DROP SCHEMA gov CASCADE;
