@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from alembic import context
 from sqlalchemy import create_engine
 
+from alembic import context
 from gov.db import sqlalchemy_url
 
 VERSION_TABLE = "gov_alembic_version"

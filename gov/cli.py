@@ -26,6 +26,18 @@ from gov.message import Message
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _EnvOption(click.Option):
+    """An option whose GOV_* environment variable is shown in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("show_envvar", True)
+        super().__init__(*args, **kwargs)
+
+
+def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+    return click.option(*args, cls=_EnvOption, **kwargs)
+
+
 class _Group(click.Group):
     """Turns gov's own errors into one line on stderr and exit 1 (no traceback)."""
 
@@ -38,7 +50,7 @@ class _Group(click.Group):
 
 
 def _url_option(fn: F) -> F:
-    return click.option(
+    return option(
         "--database-url",
         envvar="GOV_DATABASE_URL",
         show_envvar=True,
@@ -128,7 +140,7 @@ def policy_show(database_url: str | None) -> None:
 
 @policy_group.command("apply")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
-@click.option("--dry-run", is_flag=True, help="Print the diff only; change nothing.")
+@option("--dry-run", is_flag=True, help="Print the diff only; change nothing.")
 @_url_option
 def policy_apply(file: Path, dry_run: bool, database_url: str | None) -> None:
     """Load a TOML policy FILE, print its diff against the stored one, and store it."""
@@ -168,12 +180,12 @@ def _parse_at(value: str | None) -> datetime | None:
 
 
 @main.command()
-@click.option("--user", "user_id", required=True, help="The subscriber's stable user id.")
-@click.option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
-@click.option("--id", "message_id", required=True, help="The message's stable id (idempotency key).")
-@click.option("--topic", default=None, help="Topic, for per-topic caps.")
-@click.option("--campaign", default=None, help="Campaign id, logged with a suppression.")
-@click.option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
+@option("--user", "user_id", required=True, help="The subscriber's stable user id.")
+@option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
+@option("--id", "message_id", required=True, help="The message's stable id (idempotency key).")
+@option("--topic", default=None, help="Topic, for per-topic caps.")
+@option("--campaign", default=None, help="Campaign id, logged with a suppression.")
+@option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
 @_url_option
 def decide(
     user_id: str,

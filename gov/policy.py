@@ -28,6 +28,7 @@ MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at mo
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _TIER_NAME = re.compile(r"^P[0-9]$")
+_TIER_KEYS = {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency"}
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
 
@@ -174,7 +175,7 @@ class _Locator:
                     start = i
                     break
             else:
-                return self._first(key) if key else 1
+                return self._first(key or section.split(".")[-1])
         if key is None:
             return start + 1
         key_re = re.compile(r'^\s*"?' + re.escape(key) + r'"?\s*=')
@@ -223,7 +224,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     unknown = set(data) - {"tiers", "topics", "global", "quiet_hours"}
     if unknown:
         key = sorted(unknown)[0]
-        raise refuse(None, key, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours)")
+        raise refuse(key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours)")
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
         raise refuse(None, "tiers", "the policy must define at least one tier under [tiers.<name>]")
@@ -256,7 +257,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
             raise refuse(section, None, f"tier name {name!r} must be P0..P9")
         if not isinstance(raw, dict):
             raise refuse(section, None, f"tier {name}: expected a table")
-        extra = set(raw) - {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency"}
+        extra = set(raw) - _TIER_KEYS
         if extra:
             key = sorted(extra)[0]
             raise refuse(section, key, f"tier {name}: unknown key {key!r}")
@@ -273,7 +274,9 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         if urgency not in URGENCIES:
             raise refuse(section, "urgency", f"tier {name}: urgency must be one of {', '.join(URGENCIES)}")
         if urgency == "high" and not exempt:
-            raise refuse(section, "urgency", f"tier {name}: urgency \"high\" wakes devices; only an exempt (transactional) tier may use it")
+            raise refuse(
+                section, "urgency", f'tier {name}: urgency "high" wakes devices; only an exempt tier may use it'
+            )
         if exempt:
             for key in ("windows", "on_exceed", "defer_max", "consumes"):
                 if key in raw:
@@ -282,11 +285,15 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
             continue
         verb = raw.get("on_exceed")
         if verb not in VERBS:
-            raise refuse(section, "on_exceed", f"tier {name}: on_exceed must be one of drop, defer, collapse (got {verb!r})")
+            raise refuse(
+                section, "on_exceed", f"tier {name}: on_exceed must be one of drop, defer, collapse (got {verb!r})"
+            )
         defer_max = None
         if verb == "defer":
             try:
-                defer_max = parse_duration(raw.get("defer_max", DEFAULT_DEFER_MAX_MS), f"tier {name} defer_max")
+                defer_max = parse_duration(
+                    raw.get("defer_max", DEFAULT_DEFER_MAX_MS), f"tier {name} defer_max"
+                )
             except ValueError as exc:
                 raise refuse(section, "defer_max", str(exc)) from None
         elif "defer_max" in raw:
@@ -309,10 +316,9 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         )
     for tier in tiers.values():
         for consumed in tier.consumes:
-            if consumed not in tiers:
-                raise refuse(f"tiers.{tier.name}", "consumes", f"tier {tier.name} consumes {consumed}, which is not defined")
-            if tiers[consumed].exempt:
-                raise refuse(f"tiers.{tier.name}", "consumes", f"tier {tier.name} consumes {consumed}, which is exempt")
+            problem = "is not defined" if consumed not in tiers else "is exempt" if tiers[consumed].exempt else None
+            if problem:
+                raise refuse(f"tiers.{tier.name}", "consumes", f"tier {tier.name} consumes {consumed}, which {problem}")
 
     topics: dict[str, tuple[Window, ...]] = {}
     raw_topics = data.get("topics", {})
@@ -320,7 +326,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         raise refuse(None, "topics", "[topics] must map a topic (or \"*\") to a list of windows")
     for topic, raw in raw_topics.items():
         if not topic or len(topic) > 200 or "\x00" in topic:
-            raise refuse("topics", None, f"topic name {topic!r} must be 1–200 characters")
+            raise refuse("topics", None, f"topic name {topic!r} must be 1 to 200 characters")
         topics[topic] = windows(raw, "topics", topic, f"topic {topic!r}")
 
     raw_global = data.get("global", {})

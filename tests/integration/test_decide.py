@@ -258,28 +258,34 @@ ROUNDS = 20
 RACERS = 20
 
 
+def race_once(conns: list[psycopg.Connection[Any]], user: str) -> list[bool]:
+    """Every connection decides a P2 for ``user`` at once, released by one barrier."""
+    barrier = threading.Barrier(len(conns))
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def racer(i: int, c: psycopg.Connection[Any]) -> None:
+        gov = Governor(c)
+        barrier.wait()
+        verdict = gov.decide(msg(user, f"m{i}", "P2"))
+        with lock:
+            results.append(verdict.allowed)
+
+    threads = [threading.Thread(target=racer, args=(i, c)) for i, c in enumerate(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return results
+
+
 def test_twenty_way_race_gives_exactly_two(db_url: str, conn: psycopg.Connection[Any]) -> None:
     """The seeds' atomicity check: 20 connections released together, cap 2 / 24 h."""
     conns = [psycopg.connect(db_url, autocommit=True) for _ in range(RACERS)]
     try:
         for round_no in range(ROUNDS):
             user = f"fresh-{round_no}"
-            barrier = threading.Barrier(RACERS)
-            results: list[bool] = []
-            lock = threading.Lock()
-
-            def race(i: int, c: psycopg.Connection[Any], user: str = user, barrier: threading.Barrier = barrier) -> None:
-                gov = Governor(c)
-                barrier.wait()
-                verdict = gov.decide(msg(user, f"m{i}", "P2"))
-                with lock:
-                    results.append(verdict.allowed)
-
-            threads = [threading.Thread(target=race, args=(i, c)) for i, c in enumerate(conns)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=30)
+            results = race_once(conns, user)
             assert len(results) == RACERS
             assert results.count(True) == 2, f"round {round_no}: {results.count(True)} allowed"
             # and no budget leaked: exactly two P1 and two P2 rows for the user

@@ -1,0 +1,102 @@
+"""The real `gov` command in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+
+def gov(
+    db_url: str, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "GOV_DATABASE_URL": db_url, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "gov.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        input=stdin,
+        timeout=60,
+    )
+
+
+def test_seed_verification_from_the_shell(db_url: str) -> None:
+    out = [gov(db_url, "decide", "--user", "u42", "--tier", "P2", "--id", f"m{i}") for i in (1, 2, 3)]
+    assert [r.returncode for r in out] == [0, 0, 0], [r.stderr for r in out]
+    verdicts = [json.loads(r.stdout) for r in out]
+    assert verdicts[0] == {"allowed": True} and verdicts[1] == {"allowed": True}
+    assert verdicts[2]["allowed"] is False
+    assert (verdicts[2]["action"], verdicts[2]["reason"]) == ("drop", "cap_86400000ms")
+    assert 0 < verdicts[2]["retry_after_ms"] <= 86_400_000
+    p0 = gov(db_url, "decide", "--user", "u42", "--tier", "P0", "--id", "otp-1")
+    assert json.loads(p0.stdout) == {"allowed": True}
+
+
+def test_bad_input_is_one_line_and_records_nothing(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    for args in (
+        ["--user", "u", "--tier", "P7", "--id", "m"],
+        ["--user", "u", "--tier", "urgent", "--id", "m"],
+        ["--user", "", "--tier", "P1", "--id", "m"],
+        ["--user", "u", "--tier", "P1", "--id", "m", "--at", "yesterday"],
+    ):
+        r = gov(db_url, "decide", *args)
+        assert r.returncode == 1, r
+        assert r.stdout == ""
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gov: error:"), r.stderr
+    missing = gov(db_url, "decide", "--user", "u", "--id", "m")
+    assert missing.returncode != 0 and "--tier" in missing.stderr
+    assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
+
+
+def test_at_moves_the_clock(db_url: str) -> None:
+    at = ["--at", "2026-03-01T12:00:00+00:00"]
+    for i in (1, 2):
+        assert gov(db_url, "decide", "--user", "u", "--tier", "P2", "--id", f"a{i}", *at).returncode == 0
+    blocked = json.loads(gov(db_url, "decide", "--user", "u", "--tier", "P2", "--id", "a3", *at).stdout)
+    assert blocked["retry_after_ms"] == 86_400_000
+    later = gov(db_url, "decide", "--user", "u", "--tier", "P2", "--id", "a4", "--at", "2026-03-02T12:00:00Z")
+    assert json.loads(later.stdout) == {"allowed": True}
+
+
+def test_policy_show_apply_dry_run_and_refusal(db_url: str, tmp_path: Path, conn: psycopg.Connection[Any]) -> None:
+    shown = gov(db_url, "policy", "show")
+    assert shown.returncode == 0 and "[tiers.P2]" in shown.stdout
+    tighter = tmp_path / "tight.toml"
+    tighter.write_text(shown.stdout.replace('{ window = "24h", cap = 2 }', '{ window = "24h", cap = 1 }'))
+    dry = gov(db_url, "policy", "apply", "--dry-run", str(tighter))
+    assert dry.returncode == 0 and "+windows = [{ window = \"24h\", cap = 1 }" in dry.stdout
+    assert conn.execute("SELECT cap FROM gov.caps WHERE scope = 'P2' AND window_ms = 86400000").fetchone() == (2,)
+    applied = gov(db_url, "policy", "apply", str(tighter))
+    assert applied.returncode == 0, applied.stderr
+    assert conn.execute("SELECT cap FROM gov.caps WHERE scope = 'P2' AND window_ms = 86400000").fetchone() == (1,)
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[tiers.P0]\nexempt = true\n\n[tiers.P1]\non_exceed = "maybe"\n')
+    refused = gov(db_url, "policy", "apply", str(broken))
+    assert refused.returncode == 1
+    assert refused.stderr.strip().startswith(f"gov: error: {broken}:5: tier P1: on_exceed")
+    assert conn.execute("SELECT cap FROM gov.caps WHERE scope = 'P2' AND window_ms = 86400000").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM gov.tiers").fetchone() == (4,)
+
+
+def test_db_check_exits_non_zero_while_pending(databases: Any) -> None:
+    empty = databases.empty()
+    try:
+        pending = gov(empty, "db", "check")
+        assert pending.returncode == 1 and "pending" in pending.stderr
+        assert gov(empty, "db", "upgrade").returncode == 0
+        assert gov(empty, "db", "check").returncode == 0
+    finally:
+        databases.drop(empty)
+
+
+def test_help_shows_environment_variables() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gov.cli", "decide", "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert "GOV_DATABASE_URL" in r.stdout and "GOV_DECIDE_TIER" in r.stdout
