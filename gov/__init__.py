@@ -18,7 +18,7 @@ from gov.errors import (
     PoolTimeout,
     SchemaMismatch,
 )
-from gov.governor import Governor
+from gov.governor import Governor, SendResult, send
 from gov.message import Decision, Message
 
 __all__ = [
@@ -34,4 +34,6 @@ __all__ = [
     "PolicyError",
     "PoolTimeout",
     "SchemaMismatch",
+    "SendResult",
+    "send",
 ]

@@ -204,5 +204,111 @@ def decide(
     click.echo(json.dumps(verdict.as_json(), separators=(",", ":")))
 
 
+# ---------------------------------------------------------------- delivery
+
+
+def _signer() -> Any:
+    from gov.vapid import VapidSigner
+
+    # checked once at start: a sender with no or a wrong key refuses to start
+    return VapidSigner.from_env()
+
+
+@main.command()
+@option("--user", "user_id", required=True, help="The subscriber's stable user id.")
+@click.argument("file", type=click.File("r"), default="-")
+@_url_option
+def subscribe(user_id: str, file: Any, database_url: str | None) -> None:
+    """Store a browser's PushSubscription JSON (FILE, or - for stdin) for a user."""
+    with Governor(_dsn(database_url), pool_size=1) as gov:
+        sub_id = gov.subscribe(user_id, file.read())
+    click.echo(json.dumps({"subscription_id": sub_id}))
+
+
+@main.group()
+def vapid() -> None:
+    """VAPID keys: the server's identity towards push services."""
+
+
+@vapid.command("generate")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def vapid_generate(path: Path) -> None:
+    """Write a new private key to PATH (mode 0600); print the applicationServerKey."""
+    from gov.vapid import generate_keypair
+
+    click.echo(generate_keypair(path))
+    click.echo(f"gov: private key written to {path}; set GOV_VAPID_PRIVATE_KEY={path}", err=True)
+
+
+@main.command()
+@option("--user", "user_id", required=True, help="The subscriber's stable user id.")
+@option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
+@option("--id", "message_id", required=True, help="The message's stable id (idempotency key).")
+@option("--title", required=True, help="Notification title.")
+@option("--body", default=None, help="Notification body.")
+@option("--url", default=None, help="URL opened on click.")
+@option("--topic", default=None, help="Topic, for per-topic caps.")
+@option("--collapse-key", default=None, help="Messages with one key replace each other (tag and Topic).")
+@option("--ttl", type=click.IntRange(0, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--campaign", default=None, help="Campaign id, logged with a suppression.")
+@option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
+@option("--deliver/--no-deliver", default=True, help="Attempt delivery now (else leave it to gov dispatch).")
+@_url_option
+def send(
+    user_id: str,
+    tier: str,
+    message_id: str,
+    title: str,
+    body: str | None,
+    url: str | None,
+    topic: str | None,
+    collapse_key: str | None,
+    ttl: int | None,
+    campaign: str | None,
+    at: str | None,
+    deliver: bool,
+    database_url: str | None,
+) -> None:
+    """Send one message through the governor; print {"sent": …} as JSON."""
+    message = Message(
+        user_id=user_id, id=message_id, tier=tier, topic=topic, campaign_id=campaign,
+        title=title, body=body, url=url, collapse_key=collapse_key, ttl=ttl,
+    )
+    message.content()  # refuse a bad payload before touching the database
+    when = _parse_at(at)
+    signer = _signer() if deliver else None
+    with Governor(_dsn(database_url), pool_size=2, signer=signer) as gov:
+        result = gov.send(message, at=when, deliver=deliver)
+    click.echo(json.dumps(result.as_json(), separators=(",", ":")))
+
+
+@main.command()
+@option("--once", is_flag=True, help="Deliver what is due now, then exit (for cron and tests).")
+@option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests.")
+@option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
+@option("--timeout", type=click.FloatRange(0.1), default=10.0, help="HTTP connect/read timeout, seconds.")
+@option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
+@_url_option
+def dispatch(once: bool, workers: int, lease: float, timeout: float, idle: float, database_url: str | None) -> None:
+    """Deliver the outbox through Web Push (loops until interrupted unless --once)."""
+    import signal
+    import threading
+
+    from gov.delivery import Dispatcher
+
+    signer = _signer()
+    with Dispatcher(_dsn(database_url), signer, workers=workers, lease_s=lease, timeout_s=timeout) as runner:
+        if once:
+            stats = runner.run_once()
+            click.echo(json.dumps({"attempts": stats.attempts, "outcomes": stats.outcomes}))
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            runner.run_forever(stop, idle_s=idle)
+        except KeyboardInterrupt:
+            stop.set()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

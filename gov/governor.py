@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gov.db import Source
 from gov.message import Decision, Message
 from gov.queries import q
+from gov.subscription import parse_subscription
+
+log = logging.getLogger("gov")
+
+ENV_ALLOW_LOOPBACK_HTTP = "GOV_ALLOW_LOOPBACK_HTTP"  # tests only: accept http:// endpoints on 127.0.0.0/8
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """A send's verdict and the outbox rows it fanned out to (one per live endpoint)."""
+
+    decision: Decision
+    outbox_ids: tuple[int, ...] = ()
+    delivered: int = 0
+
+    @property
+    def sent(self) -> bool:
+        return self.decision.allowed
+
+    def as_json(self) -> dict[str, Any]:
+        """The seeds' shape: ``{"sent": true}`` or ``{"sent": false, "action": …, "reason": …}``."""
+        return self.decision.as_send_json()
 
 
 class Governor:
@@ -18,6 +46,10 @@ class Governor:
     transaction: it commits or rolls back with your own work, and gov never commits it
     (the user's lock is held until you do). Otherwise each decision commits on its own.
 
+    ``signer`` (a :class:`gov.vapid.VapidSigner`) lets :meth:`send` attempt delivery at
+    once in this process; without one, allowed messages wait in the outbox for
+    ``gov dispatch``.
+
     ``clock``, when given, is called for the decision time instead of the database's
     clock: the simulation clock of tests and ``gov simulate``. Hosts' clocks never enter
     a window otherwise (invariant 2).
@@ -27,18 +59,30 @@ class Governor:
         self,
         source: Any,
         *,
+        signer: Any = None,
         pool_size: int = 4,
         pool_timeout: float = 5.0,
-        clock: Any = None,
+        clock: Callable[[], datetime] | None = None,
+        allow_loopback_http: bool | None = None,
+        delivery_timeout_s: float = 10.0,
     ) -> None:
         self.source = Source(source, pool_size=pool_size, pool_timeout=pool_timeout)
         self.clock = clock
+        self.signer = signer
+        self.delivery_timeout_s = delivery_timeout_s
+        if allow_loopback_http is None:
+            allow_loopback_http = os.environ.get(ENV_ALLOW_LOOPBACK_HTTP) == "1"
+        self.allow_loopback_http = allow_loopback_http
+        self._dispatcher: Any = None
+        self._dispatcher_lock = threading.Lock()
+
+    def _now(self, at: datetime | None) -> datetime | None:
+        return at if at is not None else (self.clock() if self.clock is not None else None)
 
     def decide(self, message: Message, *, at: datetime | None = None) -> Decision:
         """Allow or suppress ``message``; record the spend or the suppression atomically."""
         if not isinstance(message, Message):
             raise TypeError(f"decide() takes a gov.Message, got {type(message).__name__}")
-        now = at if at is not None else (self.clock() if self.clock is not None else None)
         with self.source.connection() as conn:
             row = conn.execute(
                 q("decide"),
@@ -48,14 +92,85 @@ class Governor:
                     "tier": message.tier,
                     "topic": message.topic,
                     "campaign_id": message.campaign_id,
-                    "now": now,
+                    "now": self._now(at),
                 },
             ).fetchone()
         assert row is not None  # the function always returns one row
         return Decision(*row)
 
+    def send(self, message: Message, *, at: datetime | None = None, deliver: bool = True) -> SendResult:
+        """Decide and, when allowed, queue one outbox row per live endpoint: one call, atomic.
+
+        Then, with ``deliver`` and a signer, attempt delivery at once in this process
+        (what fails is retried by ``gov dispatch``). A message without a title or whose
+        payload cannot fit a single 4096-byte record is refused before anything is
+        recorded. With your own connection, delivery waits for the runner: the rows are
+        not visible to anyone until you commit.
+        """
+        if not isinstance(message, Message):
+            raise TypeError(f"send() takes a gov.Message, got {type(message).__name__}")
+        content = message.content()
+        with self.source.connection() as conn:
+            row = conn.execute(
+                q("send"),
+                {
+                    "user_id": message.user_id,
+                    "message_id": message.id,
+                    "tier": message.tier,
+                    "topic": message.topic,
+                    "campaign_id": message.campaign_id,
+                    "content": json.dumps(content),
+                    "collapse_key": message.collapse_key,
+                    "ttl": message.ttl,
+                    "now": self._now(at),
+                },
+            ).fetchone()
+        assert row is not None
+        decision = Decision(*row[:7])
+        ids = tuple(row[7])
+        delivered = 0
+        if deliver and ids and self.signer is not None and not self.source.external_transaction:
+            try:
+                stats = self.dispatcher().run_once(ids=list(ids))
+                delivered = stats.outcomes.get("delivered", 0)
+            except Exception:  # the rows are safe in the outbox; the runner retries them
+                log.exception("immediate delivery failed; left to gov dispatch", extra={"action": "send_deferred"})
+        return SendResult(decision, ids, delivered)
+
+    def dispatcher(self) -> Any:
+        """The in-process dispatcher :meth:`send` uses (shares this governor's connections)."""
+        from gov.delivery import Dispatcher
+
+        with self._dispatcher_lock:
+            if self._dispatcher is None:
+                if self.signer is None:
+                    raise ValueError("delivery needs a VAPID signer: Governor(..., signer=VapidSigner.from_env())")
+                self._dispatcher = Dispatcher(
+                    self.source, self.signer, workers=2, clock=self.clock, timeout_s=self.delivery_timeout_s
+                )
+            return self._dispatcher
+
+    def subscribe(self, user_id: str, subscription: str | bytes | Mapping[str, Any]) -> int:
+        """Store a browser's PushSubscription JSON for ``user_id``; return its id.
+
+        Validated first (https endpoint, a P-256 point, a 16-byte auth secret): a bad
+        one raises :class:`gov.InvalidSubscription` and nothing is stored. Subscribing
+        again never resets the user's budget: budgets belong to the user.
+        """
+        Message(user_id=user_id, id="-", tier="P0")  # the same rules for the user id
+        sub = parse_subscription(subscription, allow_loopback_http=self.allow_loopback_http)
+        with self.source.connection() as conn:
+            row = conn.execute(
+                q("subscribe"),
+                {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth},
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
     def close(self) -> None:
-        """Close the pool gov opened for a DSN; a pool or connection you gave stays open."""
+        """Close what gov opened; a pool or connection you gave stays open."""
+        if self._dispatcher is not None:
+            self._dispatcher._pool.shutdown(wait=True)
         self.source.close()
 
     def __enter__(self) -> Governor:
@@ -63,3 +178,25 @@ class Governor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_default: Governor | None = None
+_default_lock = threading.Lock()
+
+
+def send(message: Message, *, at: datetime | None = None) -> dict[str, Any]:
+    """The one send path: decide, queue, deliver. Returns the seeds' JSON shape.
+
+    Uses a process-wide governor built on first use from ``GOV_DATABASE_URL`` and the
+    VAPID key (``GOV_VAPID_PRIVATE_KEY``, ``GOV_VAPID_SUBJECT``); it refuses to start
+    with a clear :class:`gov.ConfigurationError` when either is missing or wrong.
+    """
+    global _default
+    with _default_lock:
+        if _default is None:
+            from gov.db import resolve_url
+            from gov.vapid import VapidSigner
+
+            signer = VapidSigner.from_env()
+            _default = Governor(resolve_url(None), signer=signer)
+    return _default.send(message, at=at).as_json()

@@ -10,6 +10,7 @@ from gov.errors import InvalidMessage
 
 TIER_FORM = re.compile(r"^P[0-9]$")
 MAX_ID_LENGTH = 256  # characters, for user ids, message ids, topics, campaigns, collapse keys
+MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
 
 
 def _check_text(name: str, value: object, *, required: bool) -> None:
@@ -43,6 +44,11 @@ class Message:
     tier: str
     topic: str | None = None
     campaign_id: str | None = None
+    title: str | None = None
+    body: str | None = None
+    url: str | None = None
+    collapse_key: str | None = None
+    ttl: int | None = None
 
     def __post_init__(self) -> None:
         _check_text("user_id", self.user_id, required=True)
@@ -53,6 +59,30 @@ class Message:
             raise InvalidMessage(f"unknown tier {self.tier!r}: expected P0..P9 as the policy defines")
         _check_text("topic", self.topic, required=False)
         _check_text("campaign_id", self.campaign_id, required=False)
+        _check_text("collapse_key", self.collapse_key, required=False)
+        for name in ("title", "body", "url"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "\x00" in value):
+                raise InvalidMessage(f"{name} must be text without NUL bytes")
+        if self.ttl is not None and (
+            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 0 <= self.ttl <= MAX_TTL_S
+        ):
+            raise InvalidMessage(f"ttl must be whole seconds from 0 to {MAX_TTL_S}, got {self.ttl!r}")
+
+    @property
+    def tag(self) -> str:
+        """The notification tag: the collapse key (so the browser replaces) or the message id."""
+        return self.collapse_key or self.id
+
+    def content(self) -> dict[str, Any]:
+        """What is stored for delivery; refused here when it cannot be sent at all."""
+        from gov.push import build_payload
+
+        if self.title is None or not self.title.strip():
+            raise InvalidMessage(f"message {self.id}: a title is required to send (every push must show one)")
+        # Built once now only to refuse an oversize payload before anything is recorded.
+        build_payload(self.title, self.body or "", self.tag, self.url, self.tier, self.id)
+        return {"title": self.title, "body": self.body or "", "url": self.url}
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,12 @@ class Decision:
     cap: int | None = None
     retry_after_ms: int | None = None
     repeated: bool = False
+
+    def as_send_json(self) -> dict[str, Any]:
+        """The seeds' send shape: ``{"sent": true}`` or ``{"sent": false, "action", "reason"}``."""
+        if self.allowed:
+            return {"sent": True}
+        return {"sent": False, "action": self.action, "reason": self.reason}
 
     def as_json(self) -> dict[str, Any]:
         """The CLI's shape: ``{"allowed": true}`` or the suppression with its reason."""

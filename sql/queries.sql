@@ -68,3 +68,21 @@ DELETE FROM gov.user_caps
 -- name: user_caps
 SELECT scope, window_ms, cap FROM gov.user_caps WHERE user_id = %(user_id)s
  ORDER BY scope, window_ms;
+
+-- name: send
+SELECT allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
+  FROM gov.send_v1(%(user_id)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+                   %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);
+
+-- name: subscribe
+SELECT gov.subscribe_v1(%(user_id)s, %(endpoint)s, %(p256dh)s, %(auth)s);
+
+-- name: claim_outbox
+SELECT outbox_id, user_id, message_id, tier, attempts, subscription_id, endpoint, p256dh, auth,
+       content, collapse_key, ttl_s, urgency
+  FROM gov.claim_outbox_v1(%(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)s);
+
+-- name: record_attempt
+SELECT gov.record_attempt_v1(%(outbox_id)s, %(worker)s, %(origin)s, %(outcome)s, %(status)s,
+                             %(retry_after_ms)s, %(error)s, %(max_attempts)s, %(backoff_ms)s,
+                             %(backoff_cap_ms)s, %(now)s);

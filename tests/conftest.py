@@ -1,5 +1,6 @@
 """Shared fixtures: a real PostgreSQL per run, a fresh database per test."""
 
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ import pytest
 
 from gov import Governor
 from gov.testing.postgres import TemplateDatabases, server_url
+
+pytest_plugins = ["gov.testing.pytest_plugin"]
 
 
 @pytest.fixture(scope="session")

@@ -100,3 +100,37 @@ def test_help_shows_environment_variables() -> None:
         [sys.executable, "-m", "gov.cli", "decide", "--help"], capture_output=True, text=True, timeout=30
     )
     assert "GOV_DATABASE_URL" in r.stdout and "GOV_DECIDE_TIER" in r.stdout
+
+
+def test_send_end_to_end_from_the_shell(db_url: str, tmp_path: Path) -> None:
+    from gov.testing import PushService
+
+    key = tmp_path / "vapid.pem"
+    generated = gov(db_url, "vapid", "generate", str(key))
+    assert generated.returncode == 0 and len(generated.stdout.strip()) == 87  # 65 bytes, base64url
+    assert key.stat().st_mode & 0o777 == 0o600
+    env = {"GOV_VAPID_PRIVATE_KEY": str(key), "GOV_VAPID_SUBJECT": "mailto:ops@example.com",
+           "GOV_ALLOW_LOOPBACK_HTTP": "1"}
+    with PushService(expected_public_key=generated.stdout.strip()) as push:
+        browsers = [push.subscribe(), push.subscribe()]
+        for b in browsers:
+            r = gov(db_url, "subscribe", "--user", "u42", "-", stdin=json.dumps(b.info), env=env)
+            assert r.returncode == 0, r.stderr
+        outs = [
+            gov(db_url, "send", "--user", "u42", "--tier", "P2", "--id", f"m{i}", "--title", f"t{i}", env=env)
+            for i in (1, 2, 3)
+        ]
+        assert [o.stdout.strip() for o in outs] == [
+            '{"sent":true}', '{"sent":true}', '{"sent":false,"action":"drop","reason":"cap_86400000ms"}'
+        ], [o.stderr for o in outs]
+        for b in browsers:
+            assert sorted(json.loads(p)["data"]["id"] for p in push.delivered_payloads(b)) == ["m1", "m2"]
+        # bad input: no VAPID key → refuses to start, records nothing
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("GOV_VAPID")}
+        r = subprocess.run(
+            [sys.executable, "-m", "gov.cli", "send", "--user", "u42", "--tier", "P0", "--id", "x", "--title", "t"],
+            capture_output=True, text=True, env={**bare, "GOV_DATABASE_URL": db_url}, timeout=60,
+        )
+        assert r.returncode == 1 and "GOV_VAPID_PRIVATE_KEY" in r.stderr
+        with psycopg.connect(db_url) as c:
+            assert c.execute("SELECT count(*) FROM gov.messages WHERE message_id = 'x'").fetchone() == (0,)
