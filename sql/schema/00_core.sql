@@ -1,4 +1,5 @@
--- gov: the canonical schema. Migrations in sql/migrations/ must produce exactly this
+-- gov: the canonical schema is every file of sql/schema/ applied in name order. Migrations in
+-- sql/migrations/ must produce exactly that
 -- (tests/migration/test_migrations.py compares the catalogs).
 --
 -- Naming: p_ parameters, v_ locals, r_ loop records. Stable surface for users and
