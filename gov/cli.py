@@ -310,5 +310,76 @@ def dispatch(once: bool, workers: int, lease: float, timeout: float, idle: float
             stop.set()
 
 
+@main.command()
+@option("--once", is_flag=True, help="Release what is due now, then exit (for cron).")
+@option("--batch", type=click.IntRange(1, 10_000), default=200, help="Held messages per transaction.")
+@option("--at", default=None, help="Release as of this ISO 8601 time (a simulation clock) instead of now.")
+@option("--dispatch/--no-dispatch", default=True, help="Deliver what is released at once (needs the VAPID key).")
+@option("--idle", type=click.FloatRange(0.01), default=5.0, help="Seconds between rounds when looping.")
+@_url_option
+def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float, database_url: str | None) -> None:
+    """Release deferred, quiet-held and collapsed messages whose time has come."""
+    import signal
+    import threading
+
+    from gov.delivery import Dispatcher
+    from gov.queue import Releaser
+
+    when = _parse_at(at)
+    clock = (lambda: when) if when is not None else None
+    dsn = _dsn(database_url)
+    runner = Dispatcher(dsn, _signer(), workers=4, clock=clock) if dispatch else None
+    try:
+        releaser = Releaser(runner.source if runner else dsn, dispatcher=runner, batch=batch, clock=clock)
+        if once:
+            stats = releaser.run_once()
+            click.echo(json.dumps({"released": dict(stats.outcomes), "delivered": stats.delivered}))
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            releaser.run_forever(stop, idle_s=idle)
+        except KeyboardInterrupt:
+            stop.set()
+    finally:
+        if runner is not None:
+            runner.close()
+
+
+@main.group()
+def user() -> None:
+    """A user's own settings: time zone, quiet hours, lower caps."""
+
+
+@user.command("set")
+@option("--user", "user_id", required=True, help="The subscriber's stable user id.")
+@option("--tz", default=None, help="IANA time zone (e.g. Europe/Berlin); quiet hours apply in it.")
+@option("--quiet", default=None, help='Quiet hours in local time, e.g. "22:00-08:00"; "default" for the policy\'s.')
+@option("--cap", "caps", multiple=True, help='A lower cap, SCOPE:WINDOW=N, e.g. "P2:24h=1" (repeatable).')
+@_url_option
+def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, ...], database_url: str | None) -> None:
+    """Set a user's time zone, quiet hours and own (lower) caps, all or nothing."""
+    from gov import users
+    from gov.policy import parse_duration
+
+    parsed_caps = []
+    for spec in caps:
+        scope, _, rest = spec.partition(":")
+        window, _, number = rest.partition("=")
+        try:
+            parsed_caps.append((scope, parse_duration(window, "--cap window"), int(number)))
+        except ValueError:
+            raise GovError(f"--cap {spec!r}: expected SCOPE:WINDOW=N, e.g. P2:24h=1") from None
+    window = None if quiet in (None, "default") else users.parse_quiet(quiet)
+    with _connect(database_url) as conn, conn.transaction():
+        if tz is not None:
+            users.set_time_zone(conn, user_id, tz)
+        if quiet is not None:
+            users.set_quiet_hours(conn, user_id, window)
+        for scope, window_ms, cap in parsed_caps:
+            users.set_user_cap(conn, user_id, scope, window_ms, cap)
+    click.echo(f"gov: user {user_id} updated", err=True)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

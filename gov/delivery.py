@@ -175,6 +175,7 @@ class Dispatcher:
             row.content.get("url"),
             row.tier,
             row.message_id,
+            count=row.content.get("count"),
         )
         request = PushRequest(
             subscription=Subscription(row.endpoint, row.p256dh, row.auth),

@@ -280,6 +280,7 @@ def build_payload(
     url: str | None,
     tier: str,
     message_id: str | int,
+    count: int | None = None,
 ) -> bytes:
     """Compact UTF-8 JSON for the service worker.
 
@@ -302,6 +303,9 @@ def build_payload(
         "tag": tag,
         "data": {"url": url, "tier": tier, "id": str(message_id)},
     }
+    if count is not None:
+        # a collapsed summary: how many held messages it stands for
+        document["data"]["count"] = count  # type: ignore[index]
     # ensure_ascii=False: UTF-8 is smaller than \u escapes, and the budget is in bytes.
     encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(encoded) > MAX_PAYLOAD_BYTES:

@@ -1,8 +1,10 @@
-"""A user's own settings: caps that only lower the defaults (invariant 6)."""
+"""A user's own settings: time zone, quiet hours, and caps that only lower the defaults."""
 
 from __future__ import annotations
 
+from datetime import time
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 
@@ -35,3 +37,43 @@ def clear_user_cap(conn: psycopg.Connection[Any], user_id: str, scope: str, wind
     """Return ``user_id`` to the default cap for (scope, window)."""
     with translate_errors():
         conn.execute(q("clear_user_cap"), {"user_id": user_id, "scope": scope, "window_ms": window_ms})
+
+
+def set_time_zone(conn: psycopg.Connection[Any], user_id: str, time_zone: str | None) -> None:
+    """Set the IANA zone quiet hours are computed in (None: no quiet hours for this user)."""
+    _check_user(user_id)
+    if time_zone is not None:
+        try:
+            ZoneInfo(time_zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise PolicyError(f"unknown time zone {time_zone!r} (use an IANA name such as Europe/Berlin)") from None
+    with translate_errors(), conn.transaction():
+        if time_zone is not None:
+            row = conn.execute(q("known_time_zone"), {"tz": time_zone}).fetchone()
+            if not row or not row[0]:
+                raise PolicyError(f"the database does not know the time zone {time_zone!r}")
+        conn.execute(q("set_user_time_zone"), {"user_id": user_id, "tz": time_zone})
+
+
+def parse_quiet(value: str) -> tuple[time, time]:
+    """ "22:00-08:00" → (22:00, 08:00); windows across midnight are allowed."""
+    from gov.policy import parse_clock
+
+    start, sep, end = value.partition("-")
+    try:
+        if not sep:
+            raise ValueError("expected START-END, e.g. 22:00-08:00")
+        window = parse_clock(start.strip(), "quiet start"), parse_clock(end.strip(), "quiet end")
+    except ValueError as exc:
+        raise PolicyError(f"quiet hours {value!r}: {exc}") from None
+    if window[0] == window[1]:
+        raise PolicyError(f"quiet hours {value!r}: start and end are equal")
+    return window
+
+
+def set_quiet_hours(conn: psycopg.Connection[Any], user_id: str, window: tuple[time, time] | None) -> None:
+    """The user's own quiet window in their local time (None: the policy's default)."""
+    _check_user(user_id)
+    start, end = window if window else (None, None)
+    with translate_errors():
+        conn.execute(q("set_user_quiet_hours"), {"user_id": user_id, "start": start, "end": end})

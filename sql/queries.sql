@@ -86,3 +86,23 @@ SELECT outbox_id, user_id, message_id, tier, attempts, subscription_id, endpoint
 SELECT gov.record_attempt_v1(%(outbox_id)s, %(worker)s, %(origin)s, %(outcome)s, %(status)s,
                              %(retry_after_ms)s, %(error)s, %(max_attempts)s, %(backoff_ms)s,
                              %(backoff_cap_ms)s, %(now)s);
+
+-- ---- queue and user settings (issue 4)
+
+-- name: release_due
+SELECT user_id, message_id, state, outcome, outbox_ids FROM gov.release_due_v1(%(limit)s, %(now)s);
+
+-- name: known_time_zone
+SELECT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = %(tz)s);
+
+-- name: set_user_time_zone
+INSERT INTO gov.users (user_id, time_zone) VALUES (%(user_id)s, %(tz)s)
+ON CONFLICT (user_id) DO UPDATE SET time_zone = excluded.time_zone, updated_at = clock_timestamp();
+
+-- name: set_user_quiet_hours
+INSERT INTO gov.users (user_id, quiet_start, quiet_end) VALUES (%(user_id)s, %(start)s, %(end)s)
+ON CONFLICT (user_id) DO UPDATE
+   SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end, updated_at = clock_timestamp();
+
+-- name: user_settings
+SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_id)s;

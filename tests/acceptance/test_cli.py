@@ -134,3 +134,29 @@ def test_send_end_to_end_from_the_shell(db_url: str, tmp_path: Path) -> None:
         assert r.returncode == 1 and "GOV_VAPID_PRIVATE_KEY" in r.stderr
         with psycopg.connect(db_url) as c:
             assert c.execute("SELECT count(*) FROM gov.messages WHERE message_id = 'x'").fetchone() == (0,)
+
+
+def test_user_set_and_release_from_the_shell(db_url: str, tmp_path: Path) -> None:
+    from gov.testing import PushService
+
+    key = tmp_path / "vapid.pem"
+    public = gov(db_url, "vapid", "generate", str(key)).stdout.strip()
+    env = {"GOV_VAPID_PRIVATE_KEY": str(key), "GOV_VAPID_SUBJECT": "mailto:ops@example.com",
+           "GOV_ALLOW_LOOPBACK_HTTP": "1"}
+    assert gov(db_url, "user", "set", "--user", "u", "--tz", "Mars/Olympus").returncode == 1
+    assert gov(db_url, "user", "set", "--user", "u", "--cap", "P2:24h=3").returncode == 1  # only lower
+    ok = gov(db_url, "user", "set", "--user", "u", "--tz", "Europe/Berlin", "--quiet", "22:00-08:00",
+             "--cap", "P2:24h=1")
+    assert ok.returncode == 0, ok.stderr
+    with PushService(expected_public_key=public) as push:
+        browser = push.subscribe()
+        gov(db_url, "subscribe", "--user", "u", "-", stdin=json.dumps(browser.info), env=env)
+        held = gov(db_url, "send", "--user", "u", "--tier", "P2", "--id", "late", "--title", "t",
+                   "--at", "2026-06-10T23:30:00+02:00", env=env)
+        assert json.loads(held.stdout) == {"sent": False, "action": "defer", "reason": "quiet_hours"}
+        early = gov(db_url, "release", "--once", "--at", "2026-06-11T07:59:00+02:00", env=env)
+        assert json.loads(early.stdout) == {"released": {}, "delivered": 0}
+        out = gov(db_url, "release", "--once", "--at", "2026-06-11T08:30:00+02:00", env=env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"released": {"released": 1}, "delivered": 1}
+        assert [json.loads(p)["data"]["id"] for p in push.delivered_payloads(browser)] == ["late"]
