@@ -1,4 +1,4 @@
-"""Named SQL statements, loaded once from ``sql/queries.sql``.
+"""Named SQL statements, loaded once from ``sql/queries*.sql`` (one file per concern).
 
 Python never holds SQL literals of its own: every statement the package sends is a
 named block in that file, so the SQL is reviewed (and grepped) in one place.
@@ -40,7 +40,13 @@ def parse(text: str) -> dict[str, LiteralString]:
 
 @cache
 def queries() -> dict[str, LiteralString]:
-    return parse((sql_dir() / "queries.sql").read_text(encoding="utf-8"))
+    statements: dict[str, LiteralString] = {}
+    for path in sorted(sql_dir().glob("queries*.sql")):
+        for name, statement in parse(path.read_text(encoding="utf-8")).items():
+            if name in statements:
+                raise ValueError(f"query {name!r} is defined twice ({path.name})")
+            statements[name] = statement
+    return statements
 
 
 def q(name: str) -> LiteralString:
