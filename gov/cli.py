@@ -346,6 +346,66 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
             runner.close()
 
 
+@main.command("send-campaign")
+@option("--users", "users_file", type=click.File("r"), required=True, help="User ids, one per line (- for stdin).")
+@option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
+@option("--id", "message_id", required=True, help="The campaign message's stable id (one per user).")
+@option("--title", required=True, help="Notification title.")
+@option("--body", default=None, help="Notification body.")
+@option("--url", default=None, help="URL opened on click.")
+@option("--topic", default=None, help="Topic, for per-topic caps.")
+@option("--collapse-key", default=None, help="Messages with one key replace each other.")
+@option("--ttl", type=click.IntRange(0, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--campaign", default=None, help="Campaign id, logged with each suppression.")
+@option("--batch", type=click.IntRange(1, 5000), default=500, help="Users per transaction.")
+@option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
+@_url_option
+def send_campaign(
+    users_file: Any, tier: str, message_id: str, title: str, body: str | None, url: str | None,
+    topic: str | None, collapse_key: str | None, ttl: int | None, campaign: str | None, batch: int,
+    at: str | None, database_url: str | None,
+) -> None:
+    """Send one message to a whole audience, decided in batches; gov dispatch delivers it."""
+    from collections import Counter
+
+    template = Message(
+        user_id="-", id=message_id, tier=tier, topic=topic, campaign_id=campaign,
+        title=title, body=body, url=url, collapse_key=collapse_key, ttl=ttl,
+    )
+    template.content()
+    user_ids = [line.strip() for line in users_file if line.strip()]
+    with Governor(_dsn(database_url), pool_size=1) as gov:
+        results = gov.send_many(template, user_ids, at=_parse_at(at), batch=batch)
+    outcome = Counter("sent" if r.sent else f"{r.decision.action}:{r.decision.reason}" for _, r in results)
+    click.echo(json.dumps({"users": len(results), **dict(sorted(outcome.items()))}))
+
+
+@main.command()
+@option("--margin", default="1h", help="Keep send rows this long past the longest window.")
+@option("--keep-history", default="180d", help="Keep suppressions and delivery attempts this long.")
+@option("--batch", type=click.IntRange(1, 1_000_000), default=5000, help="Rows per delete transaction.")
+@_url_option
+def prune(margin: str, keep_history: str, batch: int, database_url: str | None) -> None:
+    """Delete what no window can see any more, in small batches (run from cron)."""
+    from datetime import timedelta
+
+    from gov.db import Source
+    from gov.maintenance import prune as run_prune
+    from gov.policy import parse_duration
+
+    try:
+        margin_td = timedelta(milliseconds=parse_duration(margin, "--margin"))
+        keep_td = timedelta(milliseconds=parse_duration(keep_history, "--keep-history"))
+    except ValueError as exc:
+        raise GovError(str(exc)) from None
+    source = Source(_dsn(database_url), pool_size=1)
+    try:
+        result = run_prune(source, margin=margin_td, keep_history=keep_td, batch=batch)
+    finally:
+        source.close()
+    click.echo(json.dumps({"sends": result.sends, "history": result.history}))
+
+
 @main.group()
 def user() -> None:
     """A user's own settings: time zone, quiet hours, lower caps."""
