@@ -16,7 +16,9 @@ work through :class:`Source.connection`:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,9 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from gov.errors import DatabaseError, InvalidMessage, PolicyError, PoolTimeout
+from gov.errors import ConnectionLost, DatabaseError, InvalidMessage, PolicyError, PoolTimeout
+
+log = logging.getLogger("gov.db")
 
 DEFAULT_POOL_TIMEOUT = 5.0  # seconds a caller waits for a free connection before PoolTimeout
 DEFAULT_POOL_SIZE = 4
@@ -51,7 +55,18 @@ def translate_errors() -> Iterator[None]:
         domain = _DOMAIN_ERRORS.get(sqlstate or "")
         if domain is not None:
             raise domain(primary) from exc
+        if _is_connection_loss(exc):
+            raise ConnectionLost(f"database connection lost: {primary}".strip()) from exc
         raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
+
+
+def _is_connection_loss(exc: psycopg.Error) -> bool:
+    """A broken connection or a server shutting down or starting: worth a retry."""
+    sqlstate = exc.sqlstate or ""
+    if sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
+        return True
+    # a connection that died mid-call has no SQLSTATE at all
+    return isinstance(exc, psycopg.OperationalError) and not sqlstate
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -152,6 +167,28 @@ class Source:
                     conn.commit()
                 finally:
                     raw.close()
+
+    def execute(self, query: Any, params: Any, *, retry: bool = True) -> list[tuple[Any, ...]]:
+        """Run one statement in one unit of work and return its rows.
+
+        When gov owns the connection (a DSN, a pool, an engine) and it is lost, e.g. the
+        server restarted, the statement is sent again on a fresh connection until
+        ``pool_timeout`` has passed. Every statement gov sends this way is safe to
+        repeat: decisions are idempotent on the message id, claims and releases take
+        only what is still due. In the caller's own transaction nothing is retried.
+        """
+        deadline = time.monotonic() + self.pool_timeout
+        delay = 0.05  # seconds, doubling: a restart takes about a second
+        while True:
+            try:
+                with self.connection() as conn:
+                    return conn.execute(query, params).fetchall()
+            except ConnectionLost:
+                if not retry or self.external_transaction or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("database connection lost; retrying", extra={"action": "db_retry"})
+                time.sleep(delay)  # waiting for the server to come back, not for simulated time
+                delay = min(delay * 2, 1.0)
 
     def close(self) -> None:
         """Close what gov opened itself; never a pool or connection it was given."""

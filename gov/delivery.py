@@ -124,11 +124,10 @@ class Dispatcher:
         return self.clock() if self.clock is not None else None
 
     def claim(self, limit: int, ids: list[int] | None = None) -> list[_Claimed]:
-        with self.source.connection() as conn:
-            rows = conn.execute(
-                q("claim_outbox"),
-                {"worker": self.name, "limit": limit, "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
-            ).fetchall()
+        rows = self.source.execute(
+            q("claim_outbox"),
+            {"worker": self.name, "limit": limit, "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
+        )
         return [_Claimed(*row) for row in rows]
 
     def run_once(self, ids: list[int] | None = None) -> DispatchStats:
@@ -188,12 +187,17 @@ class Dispatcher:
         if outcome.kind == "rejected":
             log.error(
                 "push service refused message %s for user %s: %s %s",
-                row.message_id, row.user_id, outcome.status, outcome.body,
+                row.message_id,
+                row.user_id,
+                outcome.status,
+                outcome.body,
                 extra={"action": "delivery_rejected"},
             )
         elif outcome.kind == "unauthorized":
             log.error(
-                "push service %s answered %s: check the VAPID key and subject", origin, outcome.status,
+                "push service %s answered %s: check the VAPID key and subject",
+                origin,
+                outcome.status,
                 extra={"action": "vapid_alarm"},
             )
         return self._record(row, origin, outcome)
@@ -201,23 +205,20 @@ class Dispatcher:
     def _record(self, row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None = None) -> str:
         retry_ms = int(outcome.retry_after_s * 1000) if outcome.retry_after_s is not None else None
         error = outcome.error or (outcome.body if outcome.kind in ("rejected", "unauthorized") else None)
-        with self.source.connection() as conn:
-            state = conn.execute(
-                q("record_attempt"),
-                {
-                    "outbox_id": row.outbox_id,
-                    "worker": self.name,
-                    "origin": origin,
-                    "outcome": kind or outcome.kind,
-                    "status": outcome.status,
-                    "retry_after_ms": retry_ms,
-                    "error": error,
-                    "max_attempts": self.max_attempts,
-                    "backoff_ms": self.backoff_ms,
-                    "backoff_cap_ms": self.backoff_cap_ms,
-                    "now": self._now(),
-                },
-            ).fetchone()
-        assert state is not None
+        (state,) = self.source.execute(
+            q("record_attempt"),
+            {
+                "outbox_id": row.outbox_id,
+                "worker": self.name,
+                "origin": origin,
+                "outcome": kind or outcome.kind,
+                "status": outcome.status,
+                "retry_after_ms": retry_ms,
+                "error": error,
+                "max_attempts": self.max_attempts,
+                "backoff_ms": self.backoff_ms,
+                "backoff_cap_ms": self.backoff_cap_ms,
+                "now": self._now(),
+            },
+        )
         return str(state[0])
-

@@ -35,6 +35,10 @@ class DatabaseError(GovError):
     """The database failed or could not be reached."""
 
 
+class ConnectionLost(DatabaseError):
+    """The connection broke or the server is restarting; the call may be retried."""
+
+
 class PoolTimeout(DatabaseError):
     """No database connection became free within the configured timeout."""
 

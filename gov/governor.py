@@ -83,19 +83,17 @@ class Governor:
         """Allow or suppress ``message``; record the spend or the suppression atomically."""
         if not isinstance(message, Message):
             raise TypeError(f"decide() takes a gov.Message, got {type(message).__name__}")
-        with self.source.connection() as conn:
-            row = conn.execute(
-                q("decide"),
-                {
-                    "user_id": message.user_id,
-                    "message_id": message.id,
-                    "tier": message.tier,
-                    "topic": message.topic,
-                    "campaign_id": message.campaign_id,
-                    "now": self._now(at),
-                },
-            ).fetchone()
-        assert row is not None  # the function always returns one row
+        (row,) = self.source.execute(
+            q("decide"),
+            {
+                "user_id": message.user_id,
+                "message_id": message.id,
+                "tier": message.tier,
+                "topic": message.topic,
+                "campaign_id": message.campaign_id,
+                "now": self._now(at),
+            },
+        )
         return Decision(*row)
 
     def send(self, message: Message, *, at: datetime | None = None, deliver: bool = True) -> SendResult:
@@ -110,22 +108,20 @@ class Governor:
         if not isinstance(message, Message):
             raise TypeError(f"send() takes a gov.Message, got {type(message).__name__}")
         content = message.content()
-        with self.source.connection() as conn:
-            row = conn.execute(
-                q("send"),
-                {
-                    "user_id": message.user_id,
-                    "message_id": message.id,
-                    "tier": message.tier,
-                    "topic": message.topic,
-                    "campaign_id": message.campaign_id,
-                    "content": json.dumps(content),
-                    "collapse_key": message.collapse_key,
-                    "ttl": message.ttl,
-                    "now": self._now(at),
-                },
-            ).fetchone()
-        assert row is not None
+        (row,) = self.source.execute(
+            q("send"),
+            {
+                "user_id": message.user_id,
+                "message_id": message.id,
+                "tier": message.tier,
+                "topic": message.topic,
+                "campaign_id": message.campaign_id,
+                "content": json.dumps(content),
+                "collapse_key": message.collapse_key,
+                "ttl": message.ttl,
+                "now": self._now(at),
+            },
+        )
         decision = Decision(*row[:7])
         ids = tuple(row[7])
         delivered = 0
@@ -168,21 +164,20 @@ class Governor:
         users = [replace(template, user_id=u).user_id for u in user_ids]  # each id checked like a Message
         rows: list[tuple[Any, ...]] = []
         for start in range(0, len(users), batch):
-            with self.source.connection() as conn:
-                rows += conn.execute(
-                    q(query),
-                    {
-                        "user_ids": users[start : start + batch],
-                        "message_id": template.id,
-                        "tier": template.tier,
-                        "topic": template.topic,
-                        "campaign_id": template.campaign_id,
-                        "collapse_key": template.collapse_key,
-                        "ttl": template.ttl,
-                        "now": self._now(at),
-                        **extra,
-                    },
-                ).fetchall()
+            rows += self.source.execute(
+                q(query),
+                {
+                    "user_ids": users[start : start + batch],
+                    "message_id": template.id,
+                    "tier": template.tier,
+                    "topic": template.topic,
+                    "campaign_id": template.campaign_id,
+                    "collapse_key": template.collapse_key,
+                    "ttl": template.ttl,
+                    "now": self._now(at),
+                    **extra,
+                },
+            )
         return rows
 
     def dispatcher(self) -> Any:
@@ -207,12 +202,9 @@ class Governor:
         """
         Message(user_id=user_id, id="-", tier="P0")  # the same rules for the user id
         sub = parse_subscription(subscription, allow_loopback_http=self.allow_loopback_http)
-        with self.source.connection() as conn:
-            row = conn.execute(
-                q("subscribe"),
-                {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth},
-            ).fetchone()
-        assert row is not None
+        (row,) = self.source.execute(
+            q("subscribe"), {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth}
+        )
         return int(row[0])
 
     def close(self) -> None:
