@@ -20,6 +20,7 @@ from gov.errors import (
 )
 from gov.governor import Governor, SendResult, send
 from gov.message import Decision, Message
+from gov.vapid import VapidSigner
 
 __all__ = [
     "ConfigurationError",
@@ -35,5 +36,6 @@ __all__ = [
     "PoolTimeout",
     "SchemaMismatch",
     "SendResult",
+    "VapidSigner",
     "send",
 ]
