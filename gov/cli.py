@@ -441,5 +441,15 @@ def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, .
     click.echo(f"gov: user {user_id} updated", err=True)
 
 
+def _register_commands() -> None:
+    """The operator and analyst commands live in their own modules; attach them here."""
+    from gov.cli_ops import register
+
+    register(main, policy_group, db)
+
+
+_register_commands()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

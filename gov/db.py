@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from gov.errors import ConnectionLost, DatabaseError, InvalidMessage, PolicyError, PoolTimeout
+from gov.errors import ConnectionLost, DatabaseError, InvalidInput, InvalidMessage, PolicyError, PoolTimeout
 
 log = logging.getLogger("gov.db")
 
@@ -38,6 +38,7 @@ DEFAULT_POOL_SIZE = 4
 _DOMAIN_ERRORS: dict[str, type[Exception]] = {
     "GV001": InvalidMessage,
     "GV002": PolicyError,
+    "GV003": InvalidInput,
 }
 
 

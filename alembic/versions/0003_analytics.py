@@ -1,4 +1,4 @@
-"""Analytics (placeholder until issue 5 lands).
+"""Analytics: push_events telemetry, the fatigue report, analysts' views, health checks, what-if.
 
 Revision ID: 0003_analytics
 Revises: 0002_delivery

@@ -1,1 +1,508 @@
-SELECT 1;
+-- Migration 0003, frozen: analytics (issue 5), the same SQL as sql/schema/20_analytics.sql
+-- at this revision. Never edit; add a new migration.
+--
+-- gov: analytics (issue 5). Telemetry (gov.push_events) and the fatigue report that
+-- reads it, the analysts' views, the health checks behind `gov check`, the what-if
+-- replay behind `gov policy whatif`, and users' topic opt-outs.
+--
+-- Nothing here is on the decision's path. The one hook into the send path is a trigger
+-- on gov.delivery_attempts that copies accepted attempts into the telemetry.
+--
+-- Stable surface for analysts: gov.push_events, gov.fatigue_report_v1,
+-- gov.revocation_suspects(_v1), gov.campaign_shortfall, gov.suppressions_daily
+-- (docs/analysts.md). Errors raised on purpose use SQLSTATE GV003 (an event refused).
+
+-- ---------------------------------------------------------------- tables
+
+-- Event-grained telemetry. 'accepted' is written by the trigger below when the runner
+-- records an accepted attempt (one per message and endpoint); display, click, close and
+-- unsubscribe arrive from the service worker (POST /events, gov.events.record_event).
+-- One row per (user, message, subscription, event): a beacon sent twice, or a message
+-- a push service accepted twice (delivery is at least once), is recorded once.
+CREATE TABLE gov.push_events (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id         text        NOT NULL,
+    message_id      text        NOT NULL,
+    subscription_id bigint,
+    event           text        NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- an event belongs to a decided message: an unknown id is refused, never guessed at
+    CONSTRAINT push_events_message_known FOREIGN KEY (user_id, message_id)
+        REFERENCES gov.messages (user_id, message_id) ON DELETE CASCADE,
+    CONSTRAINT push_events_subscription_known FOREIGN KEY (subscription_id)
+        REFERENCES gov.subscriptions (id) ON DELETE CASCADE,
+    CONSTRAINT push_events_event_known
+        CHECK (event IN ('accepted', 'display', 'click', 'close', 'unsubscribe')),
+    -- NULLS NOT DISTINCT: a beacon that names no subscription is recorded once too
+    CONSTRAINT push_events_once UNIQUE NULLS NOT DISTINCT (user_id, message_id, subscription_id, event)
+);
+-- a user's history in time order (revocation suspects), and one event kind over a
+-- window (the fatigue report starts from the window's accepted events)
+CREATE INDEX push_events_user_time ON gov.push_events (user_id, created_at);
+CREATE INDEX push_events_event_time ON gov.push_events (event, created_at);
+
+-- Topics a user opted out of, from their preference centre (PUT /users/{id}/preferences).
+-- Stored here for the decision to honour; see docs/analysts.md for its status.
+CREATE TABLE gov.user_topic_optouts (
+    user_id    text        NOT NULL,
+    topic      text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (user_id, topic),
+    CONSTRAINT user_topic_optouts_topic_not_empty CHECK (topic <> '')
+);
+
+-- ---------------------------------------------------------------- indexes for gov check
+
+-- gov check runs from cron against tables that grow with every send: its checks read
+-- these small partial indexes, not the tables. Both stay empty while all is well, and
+-- cost the decision and delivery paths nothing but a predicate test.
+CREATE INDEX push_suppressions_p0 ON gov.push_suppressions (created_at) WHERE tier = 'P0';
+CREATE INDEX delivery_attempts_auth_refused ON gov.delivery_attempts (attempted_at) WHERE status IN (401, 403);
+
+-- ---------------------------------------------------------------- telemetry
+
+-- Copy an accepted attempt into the telemetry at the attempt's own time (so a simulation
+-- clock that drives the runner drives the report too). A redelivery is the same event.
+-- Guarded by EXISTS so telemetry can never make the runner's record_attempt fail.
+CREATE FUNCTION gov.push_events_from_attempt() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO gov.push_events (user_id, message_id, subscription_id, event, created_at)
+    SELECT NEW.user_id, NEW.message_id, NEW.subscription_id, 'accepted', NEW.attempted_at
+     WHERE EXISTS (SELECT 1 FROM gov.messages m
+                    WHERE m.user_id = NEW.user_id AND m.message_id = NEW.message_id)
+    ON CONFLICT ON CONSTRAINT push_events_once DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER delivery_attempts_accepted_event
+    AFTER INSERT ON gov.delivery_attempts
+    FOR EACH ROW WHEN (NEW.outcome = 'accepted')
+    EXECUTE FUNCTION gov.push_events_from_attempt();
+
+-- Record one event: display, click, close or unsubscribe from the service worker, or
+-- accepted from a sender that delivers outside gov. Refused (SQLSTATE GV003, naming
+-- the ids) when the event is unknown, when gov never decided that message for that user
+-- or suppressed it (it was never sent), or when the subscription is not the user's.
+-- True when recorded, false when it already was (idempotent).
+CREATE FUNCTION gov.record_event_v1(
+    p_user_id         text,
+    p_message_id      text,
+    p_event           text,
+    p_subscription_id bigint      DEFAULT NULL,
+    p_at              timestamptz DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_allowed boolean;
+    v_id      bigint;
+BEGIN
+    IF p_event IS NULL OR p_event NOT IN ('accepted', 'display', 'click', 'close', 'unsubscribe') THEN
+        RAISE EXCEPTION 'unknown event % for message % of user % (expected accepted, display, click, close or unsubscribe)',
+            coalesce(quote_literal(p_event), 'NULL'), p_message_id, p_user_id
+            USING ERRCODE = 'GV003';
+    END IF;
+    SELECT m.allowed INTO v_allowed
+      FROM gov.messages m WHERE m.user_id = p_user_id AND m.message_id = p_message_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown message % for user %: gov decided no such message', p_message_id, p_user_id
+            USING ERRCODE = 'GV003';
+    END IF;
+    IF NOT v_allowed THEN
+        RAISE EXCEPTION 'message % for user % was suppressed, never sent: no % can follow it',
+            p_message_id, p_user_id, p_event
+            USING ERRCODE = 'GV003';
+    END IF;
+    IF p_subscription_id IS NOT NULL THEN
+        PERFORM 1 FROM gov.subscriptions s WHERE s.id = p_subscription_id AND s.user_id = p_user_id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'subscription % is not one of user %''s (message %)',
+                p_subscription_id, p_user_id, p_message_id
+                USING ERRCODE = 'GV003';
+        END IF;
+    END IF;
+    INSERT INTO gov.push_events (user_id, message_id, subscription_id, event, created_at)
+    VALUES (p_user_id, p_message_id, p_subscription_id, p_event, coalesce(p_at, clock_timestamp()))
+    ON CONFLICT ON CONSTRAINT push_events_once DO NOTHING
+    RETURNING id INTO v_id;
+    RETURN v_id IS NOT NULL;
+END;
+$$;
+
+-- ---------------------------------------------------------------- the fatigue report
+
+-- The four signals by trailing-window send volume, as the seed's weekly report, for the
+-- window (p_now - p_since, p_now]. Definitions (docs/analysts.md):
+--   sends        per user: the messages a push service accepted for them in the window
+--                (one message on two of a user's browsers is one send)
+--   bucket       least(sends, 8); users with no accepted send are not in any bucket
+--   subscribers  users in the bucket (with p_segment: who got a segment message)
+--   accepted     their accepted messages (with p_segment: the segment's only)
+--   displays, clicks, closes
+--                of those messages, how many drew at least one such event by p_now
+--   unsubscribes subscribers of the bucket with an unsubscribe event in the window
+--   ctr = clicks / accepted, display_rate = displays / accepted,
+--   unsubscribe_rate = unsubscribes / subscribers, close_to_click = closes / clicks
+--   crossover    true on the first bucket b where, stepping up from the nearest lower
+--                bucket present, unsubscribes per subscriber rise (Δ > 0) and rise by more
+--                than clicks per subscriber do: Δ(unsubscribes/subscribers) >
+--                Δ(clicks/subscribers). Both Δ are over the same step, so dividing them
+--                by the sends it adds (per extra send) would not change the comparison.
+-- p_segment is a campaign id prefix ('digest-' matches digest-2026-07-26): buckets still
+-- count every send, since fatigue comes from the total, but the engagement columns
+-- count only the segment's messages ("CTR within the same campaign type").
+CREATE FUNCTION gov.fatigue_report_v1(
+    p_since   interval    DEFAULT '7 days',
+    p_now     timestamptz DEFAULT NULL,
+    p_segment text        DEFAULT NULL
+) RETURNS TABLE (
+    bucket           integer,
+    subscribers      bigint,
+    accepted         bigint,
+    displays         bigint,
+    clicks           bigint,
+    closes           bigint,
+    unsubscribes     bigint,
+    ctr              numeric,
+    unsubscribe_rate numeric,
+    display_rate     numeric,
+    close_to_click   numeric,
+    crossover        boolean
+)
+LANGUAGE sql AS $$
+    WITH bounds AS (
+        SELECT b.t_end - p_since AS t_start, b.t_end
+          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    ),
+    delivered AS (
+        SELECT e.user_id, e.message_id
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id, e.message_id
+    ),
+    volume AS (
+        SELECT d.user_id, least(count(*), 8)::integer AS bucket
+          FROM delivered d GROUP BY d.user_id
+    ),
+    reactions AS (
+        SELECT d.user_id, d.message_id,
+               coalesce(bool_or(e.event = 'display'), false) AS displayed,
+               coalesce(bool_or(e.event = 'click'), false) AS clicked,
+               coalesce(bool_or(e.event = 'close'), false) AS closed
+          FROM delivered d
+         CROSS JOIN bounds w
+          LEFT JOIN gov.push_events e
+                 ON e.user_id = d.user_id AND e.message_id = d.message_id
+                AND e.event IN ('display', 'click', 'close') AND e.created_at <= w.t_end
+         WHERE p_segment IS NULL
+            OR EXISTS (SELECT 1 FROM gov.messages m
+                        WHERE m.user_id = d.user_id AND m.message_id = d.message_id
+                          AND starts_with(m.campaign_id, p_segment))
+         GROUP BY d.user_id, d.message_id
+    ),
+    unsubscribed AS (
+        SELECT DISTINCT e.user_id
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+    ),
+    per_user AS (
+        SELECT r.user_id, v.bucket,
+               count(*) AS accepted,
+               count(*) FILTER (WHERE r.displayed) AS displays,
+               count(*) FILTER (WHERE r.clicked) AS clicks,
+               count(*) FILTER (WHERE r.closed) AS closes
+          FROM reactions r JOIN volume v ON v.user_id = r.user_id
+         GROUP BY r.user_id, v.bucket
+    ),
+    per_bucket AS (
+        SELECT p.bucket,
+               count(*) AS subscribers,
+               sum(p.accepted)::bigint AS accepted,
+               sum(p.displays)::bigint AS displays,
+               sum(p.clicks)::bigint AS clicks,
+               sum(p.closes)::bigint AS closes,
+               count(u.user_id) AS unsubscribes
+          FROM per_user p LEFT JOIN unsubscribed u ON u.user_id = p.user_id
+         GROUP BY p.bucket
+    ),
+    steps AS (
+        SELECT b.*,
+               b.clicks::numeric / b.subscribers
+                   - lag(b.clicks::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_clicks,
+               b.unsubscribes::numeric / b.subscribers
+                   - lag(b.unsubscribes::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_unsubscribes
+          FROM per_bucket b
+    ),
+    marked AS (
+        SELECT s.*, coalesce(s.d_unsubscribes > 0 AND s.d_unsubscribes > s.d_clicks, false) AS crosses
+          FROM steps s
+    )
+    SELECT m.bucket, m.subscribers, m.accepted, m.displays, m.clicks, m.closes, m.unsubscribes,
+           round(m.clicks::numeric / nullif(m.accepted, 0), 6),
+           round(m.unsubscribes::numeric / m.subscribers, 6),
+           round(m.displays::numeric / nullif(m.accepted, 0), 6),
+           round(m.closes::numeric / nullif(m.clicks, 0), 6),
+           m.crosses AND NOT coalesce(bool_or(m.crosses) OVER (ORDER BY m.bucket
+                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                      false)
+      FROM marked m
+     ORDER BY m.bucket;
+$$;
+
+-- Permission revocations, the expensive signal: users for whom push services accepted
+-- at least p_min_accepted messages in the window while not one display beacon came
+-- back. Acceptance stays healthy, nothing shows: the browser blocks or the OS mutes.
+-- last_display_at (any time up to p_now) tells "stopped displaying" from "never did"
+-- (a display beacon that was never instrumented makes everyone a suspect).
+CREATE FUNCTION gov.revocation_suspects_v1(
+    p_since        interval    DEFAULT '7 days',
+    p_min_accepted integer     DEFAULT 3,
+    p_now          timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id            text,
+    accepted           bigint,
+    first_accepted_at  timestamptz,
+    last_accepted_at   timestamptz,
+    last_display_at    timestamptz,
+    live_subscriptions bigint
+)
+LANGUAGE sql AS $$
+    WITH bounds AS (
+        SELECT b.t_end - p_since AS t_start, b.t_end
+          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    ),
+    delivered AS (
+        SELECT e.user_id, count(DISTINCT e.message_id) AS accepted,
+               min(e.created_at) AS first_at, max(e.created_at) AS last_at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id
+        HAVING count(DISTINCT e.message_id) >= p_min_accepted
+    )
+    SELECT d.user_id, d.accepted, d.first_at, d.last_at,
+           (SELECT max(x.created_at) FROM gov.push_events x
+             WHERE x.user_id = d.user_id AND x.event = 'display' AND x.created_at <= w.t_end),
+           (SELECT count(*) FROM gov.subscriptions s
+             WHERE s.user_id = d.user_id AND s.retired_at IS NULL)
+      FROM delivered d CROSS JOIN bounds w
+     WHERE NOT EXISTS (SELECT 1 FROM gov.push_events x
+                        WHERE x.user_id = d.user_id AND x.event = 'display'
+                          AND x.created_at > w.t_start AND x.created_at <= w.t_end)
+     ORDER BY d.accepted DESC, d.user_id;
+$$;
+
+-- ---------------------------------------------------------------- views for analysts
+
+-- Suspects over the last 7 days with at least 3 accepted sends; call
+-- gov.revocation_suspects_v1 for another window or threshold.
+CREATE VIEW gov.revocation_suspects AS
+SELECT r.user_id, r.accepted, r.first_accepted_at, r.last_accepted_at, r.last_display_at, r.live_subscriptions
+  FROM gov.revocation_suspects_v1() r;
+
+-- Why a campaign under-delivered: per campaign and blocking rule, the suppressed
+-- messages, the users they were for, and their share of every message decided for the
+-- campaign. Messages without a campaign id are not a campaign and are left out.
+CREATE VIEW gov.campaign_shortfall AS
+SELECT s.campaign_id, s.blocked_by, s.suppressed, s.users, d.decided,
+       round(s.suppressed::numeric / nullif(d.decided, 0), 4) AS share,
+       s.first_at, s.last_at
+  FROM (SELECT ps.campaign_id, ps.blocked_by, count(*) AS suppressed, count(DISTINCT ps.user_id) AS users,
+               min(ps.created_at) AS first_at, max(ps.created_at) AS last_at
+          FROM gov.push_suppressions ps
+         WHERE ps.campaign_id IS NOT NULL
+         GROUP BY ps.campaign_id, ps.blocked_by) s
+  LEFT JOIN (SELECT m.campaign_id, count(*) AS decided
+               FROM gov.messages m
+              WHERE m.campaign_id IS NOT NULL
+              GROUP BY m.campaign_id) d
+         ON d.campaign_id = s.campaign_id;
+
+-- Suppressions per tier and UTC day, by what became of them.
+CREATE VIEW gov.suppressions_daily AS
+SELECT (ps.created_at AT TIME ZONE 'UTC')::date AS day, ps.tier,
+       count(*) AS suppressed,
+       count(*) FILTER (WHERE ps.action = 'drop') AS dropped,
+       count(*) FILTER (WHERE ps.action = 'defer') AS deferred,
+       count(*) FILTER (WHERE ps.action = 'collapse') AS collapsed,
+       count(DISTINCT ps.user_id) AS users
+  FROM gov.push_suppressions ps
+ GROUP BY (ps.created_at AT TIME ZONE 'UTC')::date, ps.tier;
+
+-- ---------------------------------------------------------------- health (gov check)
+
+-- One row per named check: ok, and a one-line detail an operator can act on. `gov
+-- check` exits 1 when any row is not ok. Each check is one RETURN QUERY, in the order
+-- they are reported; add a check as one more.
+CREATE FUNCTION gov.health_v1(
+    p_now         timestamptz DEFAULT NULL,
+    p_stuck_after interval    DEFAULT '15 minutes'
+) RETURNS TABLE (check_name text, ok boolean, detail text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    -- p0_suppressions: an exempt tier is never checked (invariant 4), so any suppression
+    -- of one, ever, means a misclassified message or a broken policy.
+    -- P0 through its partial index; another exempt tier (none by default) through a join
+    -- from gov.tiers, which reads no suppression at all when there is none.
+    RETURN QUERY
+    SELECT 'p0_suppressions'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN 'no suppression of an exempt tier'
+                ELSE format('%s suppression(s) of exempt tier(s) %s, latest message %s of user %s at %s',
+                            count(*), string_agg(DISTINCT x.tier, ', '),
+                            (array_agg(x.message_id ORDER BY x.created_at DESC, x.id DESC))[1],
+                            (array_agg(x.user_id ORDER BY x.created_at DESC, x.id DESC))[1],
+                            max(x.created_at))
+           END
+      FROM (SELECT ps.id, ps.user_id, ps.message_id, ps.tier, ps.created_at
+              FROM gov.push_suppressions ps
+             WHERE ps.tier = 'P0'
+            UNION ALL
+            SELECT ps.id, ps.user_id, ps.message_id, ps.tier, ps.created_at
+              FROM gov.tiers t JOIN gov.push_suppressions ps ON ps.tier = t.tier
+             WHERE t.exempt AND t.tier <> 'P0') x;
+
+    -- outbox_stuck: a lease that ran out long ago and was never reclaimed means no
+    -- runner (gov dispatch) is draining the outbox.
+    RETURN QUERY
+    SELECT 'outbox_stuck'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN format('no lease expired more than %s ago', p_stuck_after)
+                ELSE format('%s outbox row(s) stuck in sending, oldest lease ran out at %s (row %s): is gov dispatch running?',
+                            count(*), min(o.lease_until),
+                            (array_agg(o.id ORDER BY o.lease_until, o.id))[1])
+           END
+      FROM gov.outbox o
+     WHERE o.state = 'sending' AND o.lease_until < v_now - p_stuck_after;
+
+    -- push_auth: a push service answering 401/403 in the last hour refuses our VAPID
+    -- key or subject: every message to that origin fails until someone fixes it.
+    RETURN QUERY
+    SELECT 'push_auth'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN 'no 401/403 from a push service in the last hour'
+                ELSE format('%s attempt(s) answered 401/403 in the last hour by %s: check the VAPID key and subject',
+                            count(*), string_agg(DISTINCT da.origin, ', '))
+           END
+      FROM gov.delivery_attempts da
+     WHERE da.status IN (401, 403)
+       AND da.attempted_at > v_now - interval '1 hour' AND da.attempted_at <= v_now;
+
+    -- ---- deferred_overdue: the deferral queue's check (issue 4) goes here, as one more
+    -- RETURN QUERY over gov.deferred (waiting rows whose release_at is older than
+    -- v_now - p_stuck_after: is gov release running?).
+END;
+$$;
+
+-- ---------------------------------------------------------------- what if (gov policy whatif)
+
+-- Replay every message decided in the window (p_now - p_since, p_now], in decision
+-- order, through gov.decide_v1 at its own decided_at under the policy stored now, and
+-- return its recorded verdict beside the replayed one. To try a candidate policy, store
+-- it in a transaction that is rolled back afterwards (gov policy whatif does).
+--
+-- It changes nothing, whoever calls it: the replay runs under stand-in user ids (so no
+-- real user's lock is taken and no real row is touched), seeded with each user's real
+-- sends from before the window, own caps and settings; and it runs inside a block that
+-- ends by raising, which rolls every write of the replay back. Only the verdicts,
+-- kept in local variables, survive. A tier the policy no longer defines replays as
+-- refused with reason 'unknown_tier'.
+CREATE FUNCTION gov.whatif_v1(
+    p_since interval    DEFAULT '7 days',
+    p_now   timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id      text,
+    message_id   text,
+    tier         text,
+    topic        text,
+    campaign_id  text,
+    decided_at   timestamptz,
+    was_allowed  boolean,
+    was_reason   text,
+    would_allow  boolean,
+    would_action text,
+    would_reason text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := coalesce(p_now, clock_timestamp());
+    v_from     timestamptz;
+    v_tag      text := 'whatif:' || md5(random()::text || clock_timestamp()::text) || ':';
+    v_users    text[];
+    v_ids      text[];
+    v_tiers    text[];
+    v_topics   text[];
+    v_camps    text[];
+    v_at       timestamptz[];
+    v_allowed  boolean[];
+    v_reasons  text[];
+    v_w_allow  boolean[] := '{}';
+    v_w_action text[] := '{}';
+    v_w_reason text[] := '{}';
+    v_n        integer;
+    v_verdict  record;
+BEGIN
+    v_from := v_now - p_since;
+    SELECT array_agg(m.user_id ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.message_id ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.tier ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.topic ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.campaign_id ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.decided_at ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.allowed ORDER BY m.decided_at, m.user_id, m.message_id),
+           array_agg(m.reason ORDER BY m.decided_at, m.user_id, m.message_id)
+      INTO v_users, v_ids, v_tiers, v_topics, v_camps, v_at, v_allowed, v_reasons
+      FROM gov.messages m
+     WHERE m.decided_at > v_from AND m.decided_at <= v_now;
+    v_n := coalesce(array_length(v_ids, 1), 0);
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+
+    BEGIN
+        -- the stand-ins start from each user's real history before the window
+        INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
+        SELECT v_tag || s.user_id, s.budget, s.sent_at, s.message_id
+          FROM gov.sends s
+         WHERE s.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
+           AND s.sent_at <= v_from
+           AND s.sent_at > v_from - (SELECT coalesce(max(c.window_ms), 0) FROM gov.caps c)
+                                    * interval '1 millisecond';
+        -- their own caps, where the policy has a default to lower (none, no effect)
+        INSERT INTO gov.user_caps (user_id, scope, window_ms, cap)
+        SELECT v_tag || uc.user_id, uc.scope, uc.window_ms, least(uc.cap, c.cap)
+          FROM gov.user_caps uc
+          JOIN gov.caps c ON c.scope = uc.scope AND c.window_ms = uc.window_ms
+                         AND c.topic = CASE WHEN uc.scope = 'topic' THEN '*' ELSE '' END
+         WHERE uc.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid));
+        -- and their time zone and quiet hours
+        INSERT INTO gov.users (user_id, time_zone, quiet_start, quiet_end)
+        SELECT v_tag || su.user_id, su.time_zone, su.quiet_start, su.quiet_end
+          FROM gov.users su
+         WHERE su.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid));
+
+        FOR i IN 1 .. v_n LOOP
+            IF EXISTS (SELECT 1 FROM gov.tiers t WHERE t.tier = v_tiers[i]) THEN
+                SELECT d.allowed, d.action, d.reason INTO v_verdict
+                  FROM gov.decide_v1(v_tag || v_users[i], v_ids[i], v_tiers[i], v_topics[i], v_camps[i], v_at[i]) d;
+                v_w_allow[i] := v_verdict.allowed;
+                v_w_action[i] := v_verdict.action;
+                v_w_reason[i] := v_verdict.reason;
+            ELSE
+                v_w_allow[i] := false;
+                v_w_action[i] := 'refuse';
+                v_w_reason[i] := 'unknown_tier';
+            END IF;
+        END LOOP;
+
+        RAISE EXCEPTION 'whatif: undo the replay' USING ERRCODE = 'GV900';
+    EXCEPTION WHEN SQLSTATE 'GV900' THEN
+        NULL;  -- every write of the replay is rolled back here; the arrays keep the verdicts
+    END;
+
+    RETURN QUERY
+    SELECT r.uid, r.mid, r.tier, r.topic, r.camp, r.at, r.was, r.was_reason, r.would, r.would_action, r.would_reason
+      FROM unnest(v_users, v_ids, v_tiers, v_topics, v_camps, v_at, v_allowed, v_reasons,
+                  v_w_allow, v_w_action, v_w_reason)
+           AS r(uid, mid, tier, topic, camp, at, was, was_reason, would, would_action, would_reason);
+END;
+$$;
