@@ -163,17 +163,26 @@ def report_suspects(since: str, min_accepted: int, at: str | None, database_url:
 @option("--stuck-after", default="15m", help="Alarm on outbox leases expired longer ago than this.")
 @option("--at", default=None, help="Check as of this ISO 8601 time instead of now.")
 @option("--json", "as_json", is_flag=True, help="Print every check as JSON on stdout.")
+@option("--conservation", "conservation_since", default=None,
+        help="Also prove every message decided in this trailing window (e.g. 7d) is in exactly one state.")
 @url_option
-def check(stuck_after: str, at: str | None, as_json: bool, database_url: str | None) -> None:
+def check(
+    stuck_after: str, at: str | None, as_json: bool, conservation_since: str | None, database_url: str | None
+) -> None:
     """Exit 1 with a one-line reason when something needs an operator (for cron); print ok otherwise.
 
     Checks: a P0 (exempt) suppression ever; outbox rows stuck in sending; a push service
-    answering 401/403 in the last hour.
+    answering 401/403 in the last hour; held messages overdue (no releaser running); and
+    with --conservation, that no message is in two states or none.
     """
     from gov import health
 
     window = _duration(stuck_after, "--stuck-after")
-    checks = health.run_checks(_dsn(database_url), now=_parse_at(at), stuck_after=window)
+    dsn = _dsn(database_url)
+    now = _parse_at(at)
+    checks = health.run_checks(dsn, now=now, stuck_after=window)
+    if conservation_since is not None:
+        checks.append(health.conservation_check(dsn, since=_duration(conservation_since, "--conservation"), now=now))
     if as_json:
         click.echo(json.dumps([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks]))
     failure = health.summary(checks)

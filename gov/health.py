@@ -4,7 +4,9 @@ Each check is a named row (check, ok, detail). Today: ``p0_suppressions`` (any
 suppression of an exempt tier, ever: invariant 4 says it cannot happen),
 ``outbox_stuck`` (rows left in ``sending`` long after their lease ran out: no runner
 drains the outbox) and ``push_auth`` (a push service answered 401/403 in the last
-hour: the VAPID key or subject is refused).
+hour: the VAPID key or subject is refused) and ``deferred_overdue`` (held messages
+long past their release time: no releaser runs). ``conservation_check`` adds the
+proof that every message of a period is in exactly one state.
 """
 
 from __future__ import annotations
@@ -40,6 +42,29 @@ def run_checks(
         if owned:
             src.close()
     return [Check(name, bool(ok), detail) for name, ok, detail in rows]
+
+
+def conservation_check(source: Any, *, since: timedelta, now: datetime | None = None) -> Check:
+    """``conservation``: every message decided in the trailing ``since`` is in exactly one state."""
+    from datetime import UTC
+
+    from gov.maintenance import conservation
+
+    until = now or datetime.now(UTC)  # a bound of the period only: no window depends on it
+    src, owned = as_source(source)
+    try:
+        report = conservation(src, until - since, until + timedelta(seconds=1))
+    finally:
+        if owned:
+            src.close()
+    if report.ok:
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(report.states.items())) or "no message"
+        return Check("conservation", True, f"every message in exactly one state ({counts})")
+    user, message, _tier, state = report.inconsistent[0]
+    return Check(
+        "conservation", False,
+        f"{len(report.inconsistent)} message(s) inconsistent, first {message} of user {user}: {state}",
+    )
 
 
 def summary(checks: list[Check]) -> str | None:

@@ -145,10 +145,22 @@ BEGIN
     END IF;
 
     IF NOT v_tier.exempt THEN
-        -- Quiet hours first: whatever the tier's verb, a message that arrives inside
-        -- them waits until they end. P0 (exempt) is never quieted.
-        v_free_at := gov.quiet_until(p_user_id, v_now);
-        IF v_free_at > v_now THEN
+        -- A topic the user opted out of (the preference centre) is dropped, whatever
+        -- the verb and the hour: holding it through the night would only drop it later.
+        IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
+                                            WHERE o.user_id = p_user_id AND o.topic = p_topic) THEN
+            v_rule := 'topic_opt_out';
+            v_scope := 'topic';
+            v_action := 'drop';
+            v_free_at := NULL;
+        ELSE
+            -- Quiet hours first: whatever the tier's verb, a message that arrives inside
+            -- them waits until they end. P0 (exempt) is never quieted.
+            v_free_at := gov.quiet_until(p_user_id, v_now);
+        END IF;
+        IF v_rule IS NOT NULL THEN
+            NULL;  -- opted out: decided above
+        ELSIF v_free_at > v_now THEN
             v_rule := 'quiet_hours';
             v_scope := 'quiet_hours';
             v_action := 'defer';
@@ -558,3 +570,12 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Deferral outcomes for analysts: per day held, tier, kind and state (with the reason).
+CREATE VIEW gov.deferral_outcomes AS
+SELECT date_trunc('day', d.enqueued_at AT TIME ZONE 'UTC')::date AS day,
+       d.tier, d.kind, d.state, coalesce(d.outcome, 'waiting') AS outcome,
+       count(*) AS messages,
+       avg(extract(epoch FROM d.finished_at - d.enqueued_at))::numeric(12, 1) AS avg_wait_s
+  FROM gov.deferred d
+ GROUP BY 1, 2, 3, 4, 5;

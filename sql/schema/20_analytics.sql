@@ -384,9 +384,18 @@ BEGIN
      WHERE da.status IN (401, 403)
        AND da.attempted_at > v_now - interval '1 hour' AND da.attempted_at <= v_now;
 
-    -- ---- deferred_overdue: the deferral queue's check (issue 4) goes here, as one more
-    -- RETURN QUERY over gov.deferred (waiting rows whose release_at is older than
-    -- v_now - p_stuck_after: is gov release running?).
+    -- deferred_overdue: held messages whose release time passed long ago mean no
+    -- releaser (gov release, bin/gov-release from cron) is running.
+    RETURN QUERY
+    SELECT 'deferred_overdue'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN format('no held message overdue by more than %s', p_stuck_after)
+                ELSE format('%s held message(s) overdue, oldest due at %s (user %s, message %s): is gov release running?',
+                            count(*), min(d.release_at),
+                            (array_agg(d.user_id ORDER BY d.release_at, d.id))[1],
+                            (array_agg(d.message_id ORDER BY d.release_at, d.id))[1])
+           END
+      FROM gov.deferred d
+     WHERE d.state = 'waiting' AND d.release_at < v_now - p_stuck_after;
 END;
 $$;
 

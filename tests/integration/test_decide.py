@@ -294,3 +294,13 @@ def test_twenty_way_race_gives_exactly_two(db_url: str, conn: psycopg.Connection
     finally:
         for c in conns:
             c.close()
+
+
+def test_topic_opt_out_drops_whatever_the_verb(governor: Governor, conn: psycopg.Connection[Any]) -> None:
+    conn.execute("INSERT INTO gov.user_topic_optouts (user_id, topic) VALUES ('u', 'promos')")
+    for tier in ("P1", "P2", "P3"):
+        v = governor.decide(msg("u", f"{tier}-promo", tier, topic="promos"), at=T0)
+        assert (v.allowed, v.action, v.reason) == (False, "drop", "topic_opt_out")
+    assert governor.decide(msg("u", "news", "P2", topic="news"), at=T0).allowed
+    assert governor.decide(msg("u", "otp", "P0", topic="promos"), at=T0).allowed  # P0 is never suppressed
+    assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id LIKE '%%promo'") == 0

@@ -54,7 +54,9 @@ def test_a_p0_suppression_fails_with_one_line(db_url: str, conn: psycopg.Connect
 
 def test_every_check_by_name(conn: psycopg.Connection[Any]) -> None:
     checks = run_checks(conn, now=T)
-    assert [(c.name, c.ok) for c in checks] == [("p0_suppressions", True), ("outbox_stuck", True), ("push_auth", True)]
+    assert [(c.name, c.ok) for c in checks] == [
+        ("p0_suppressions", True), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True)
+    ]
     assert summary(checks) is None
 
 
@@ -102,8 +104,36 @@ def test_json_lists_every_check_and_still_fails(db_url: str, conn: psycopg.Conne
     assert result.returncode == 1
     rows = json.loads(result.stdout)
     assert [(r["check"], r["ok"]) for r in rows] == [
-        ("p0_suppressions", False), ("outbox_stuck", True), ("push_auth", True),
+        ("p0_suppressions", False), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True),
     ]
     register(main, policy_group, db)
     bad = CliRunner().invoke(main, ["check", "--stuck-after", "soon"], env={"GOV_DATABASE_URL": db_url})
     assert bad.exit_code == 1 and bad.stderr.startswith("gov: error: --stuck-after")
+
+
+def test_overdue_deferrals(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "INSERT INTO gov.deferred (user_id, message_id, tier, kind, blocked_by, enqueued_at, planned_at, release_at)"
+        " VALUES ('u', 'late', 'P1', 'defer', 'cap_86400000ms', %s, %s, %s)",
+        (T - timedelta(hours=3), T - timedelta(hours=1), T - timedelta(hours=1)),
+    )
+    checks = {c.name: c for c in run_checks(conn, now=T)}
+    assert not checks["deferred_overdue"].ok
+    assert "is gov release running?" in checks["deferred_overdue"].detail
+    assert "late" in checks["deferred_overdue"].detail
+    # not yet overdue by the threshold: fine
+    assert all(c.ok for c in run_checks(conn, now=T - timedelta(minutes=50)))
+
+
+def test_check_conservation_passes_then_fails_on_a_plant(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    from gov import Governor, Message
+
+    with Governor(db_url) as g:
+        for i in range(3):
+            g.decide(Message(user_id="u", id=f"m{i}", tier="P2"))
+    ok = gov_check(db_url, "--conservation", "1d")
+    assert ok.returncode == 0 and ok.stdout.strip() == "ok", ok.stderr
+    conn.execute("INSERT INTO gov.sends SELECT 'u', 'P2', now(), 'm2'")  # a suppressed message that spent
+    bad = gov_check(db_url, "--conservation", "1d")
+    assert bad.returncode == 1
+    assert "conservation: 1 message(s) inconsistent, first m2 of user u" in bad.stderr

@@ -1,0 +1,108 @@
+-- Named statements of `gov simulate` (gov/simulate/). Read-only on gov's tables: the
+-- simulation changes gov's state only through the public API (Governor.send, the
+-- releaser, the runner, record_event). The two database statements are templates
+-- for psycopg.sql (the name is an Identifier, never pasted text).
+
+-- name: sim_create_database
+CREATE DATABASE {}
+
+-- name: sim_no_sync_commit
+ALTER DATABASE {} SET synchronous_commit = off
+
+-- name: sim_drop_database
+DROP DATABASE IF EXISTS {} WITH (FORCE)
+
+-- name: sim_outbox_outcomes
+-- What became of the outbox rows a tick queued, one row per (message, endpoint), in a
+-- fixed order so the engagement draws never depend on which worker delivered first.
+SELECT o.id, o.user_id, o.message_id, o.subscription_id, o.state
+  FROM gov.outbox o
+ WHERE o.id = ANY (%(ids)s)
+ ORDER BY o.user_id, o.message_id, o.subscription_id;
+
+-- name: sim_dispositions
+-- Every message the teams handed to gov, by tier and topic, by what finally became of it.
+-- sent: allowed at once; released: held (deferred or quiet hours) then sent; collapsed:
+-- folded into a summary (summaries: how many went out); dropped: refused, or held and
+-- refused again at release; expired: its TTL or defer_max ran out while held; held: still
+-- waiting when the simulation ended; delivered: accepted by the push service on at least
+-- one endpoint.
+SELECT m.tier,
+       coalesce(m.topic, '') AS topic,
+       count(*) AS messages,
+       count(*) FILTER (WHERE d.id IS NULL AND m.allowed) AS sent,
+       count(*) FILTER (WHERE d.state = 'released') AS released,
+       count(*) FILTER (WHERE d.state = 'collapsed') AS collapsed,
+       count(*) FILTER (WHERE d.outcome = 'summary') AS summaries,
+       count(*) FILTER (WHERE (d.id IS NULL AND NOT m.allowed) OR d.state = 'dropped') AS dropped,
+       count(*) FILTER (WHERE d.state = 'expired') AS expired,
+       count(*) FILTER (WHERE d.state = 'waiting') AS held,
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM gov.outbox o
+                                       WHERE o.user_id = m.user_id AND o.message_id = m.message_id
+                                         AND o.state = 'delivered')) AS delivered
+  FROM gov.messages m
+  LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
+ GROUP BY m.tier, coalesce(m.topic, '')
+ ORDER BY m.tier, coalesce(m.topic, '');
+
+-- name: sim_exempt_delivery
+-- The exempt tier (P0): how many messages, how many allowed, how many delivered to every
+-- endpoint they fanned out to, how many had no endpoint at all, and suppressions (must be 0).
+SELECT count(*) AS messages,
+       count(*) FILTER (WHERE m.allowed) AS allowed,
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM gov.outbox o
+                                       WHERE o.user_id = m.user_id AND o.message_id = m.message_id)
+                          AND NOT EXISTS (SELECT 1 FROM gov.outbox o
+                                           WHERE o.user_id = m.user_id AND o.message_id = m.message_id
+                                             AND o.state <> 'delivered')) AS all_delivered,
+       count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM gov.outbox o
+                                           WHERE o.user_id = m.user_id AND o.message_id = m.message_id))
+           AS no_endpoint,
+       (SELECT count(*) FROM gov.push_suppressions s JOIN gov.tiers t ON t.tier = s.tier WHERE t.exempt)
+           AS suppressed
+  FROM gov.messages m
+  JOIN gov.tiers t ON t.tier = m.tier
+ WHERE t.exempt;
+
+-- name: sim_blocking_rules
+-- The rules that blocked most, with the verb applied.
+SELECT s.blocked_by, s.tier, s.action, count(*) AS n
+  FROM gov.push_suppressions s
+ GROUP BY s.blocked_by, s.tier, s.action
+ ORDER BY n DESC, s.blocked_by, s.tier, s.action
+ LIMIT %(limit)s;
+
+-- name: sim_sends_per_user
+-- Messages the push service accepted for each subscriber over the whole run (one message
+-- on two browsers is one send), zero for those who received nothing; ascending.
+SELECT coalesce(n.sends, 0) AS sends
+  FROM (SELECT DISTINCT s.user_id FROM gov.subscriptions s) u
+  LEFT JOIN (SELECT o.user_id, count(DISTINCT o.message_id) AS sends
+               FROM gov.outbox o WHERE o.state = 'delivered' GROUP BY o.user_id) n
+         ON n.user_id = u.user_id
+ ORDER BY 1;
+
+-- name: sim_daily_sends
+-- Messages accepted per simulated day (UTC) and tier.
+SELECT (date_trunc('day', o.finished_at AT TIME ZONE 'UTC'))::date AS day, m.tier,
+       count(DISTINCT (o.user_id, o.message_id)) AS n
+  FROM gov.outbox o
+  JOIN gov.messages m ON m.user_id = o.user_id AND m.message_id = o.message_id
+ WHERE o.state = 'delivered'
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
+-- name: sim_delivery_totals
+-- Requests sent to the push service, by how they ended.
+SELECT a.outcome, count(*) FROM gov.delivery_attempts a GROUP BY a.outcome ORDER BY a.outcome;
+
+-- name: sim_event_totals
+-- Telemetry by event kind: messages that drew the event, and distinct users.
+SELECT e.event, count(DISTINCT (e.user_id, e.message_id)) AS messages, count(DISTINCT e.user_id) AS users
+  FROM gov.push_events e
+ GROUP BY e.event
+ ORDER BY e.event;
+
+-- name: sim_next_release
+-- When the releaser next has something to do (NULL: nothing waits).
+SELECT min(d.release_at) FROM gov.deferred d WHERE d.state = 'waiting';
