@@ -9,7 +9,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from psycopg import errors, sql
 from sqlalchemy.dialects import postgresql
 
-from gov import Governor, analytics
+from gov import Governor, Message, analytics
 from gov.cli_ops import grant_analyst_role
 from gov.db import sqlalchemy_url
 from gov.testing import PushService
@@ -53,6 +53,10 @@ def seeded(db_url: str) -> datetime:
     with PushService() as push, Governor(db_url, allow_loopback_http=True, pool_size=2) as gov:
         seed_fatigue(gov, push, now)
         seed_suppressions(gov, now)
+        # a busy account: the seventh P1 of the day waits in the deferral queue
+        for i in range(7):
+            gov.send(Message(user_id="busy", id=f"mention-{i}", tier="P1", title="@you"), deliver=False,
+                     at=now - timedelta(hours=20) + timedelta(hours=3 * (i == 6), minutes=i))
     return now
 
 
@@ -186,7 +190,8 @@ def test_sqlalchemy_tables_match_the_database(seeded: datetime, db_url: str, ana
             assert [r.accepted for r in digest] == [4, 4, 4, 1]
             suspects = c.execute(analytics.revocation_suspects_since(min_accepted=5, now=seeded)).all()
             assert [s.user_id for s in suspects] == ["d1"]
-            daily = c.execute(sa.select(analytics.suppressions_daily.c.suppressed)).scalar_one()
+            sd = analytics.suppressions_daily
+            daily = c.execute(sa.select(sd.c.suppressed).where(sd.c.tier == "P2")).scalar_one()
             assert daily == 2
     finally:
         engine.dispose()
