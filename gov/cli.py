@@ -443,9 +443,11 @@ def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, .
 
 def _register_commands() -> None:
     """The operator and analyst commands live in their own modules; attach them here."""
+    from gov.bench.cli import bench
     from gov.cli_ops import register
 
     register(main, policy_group, db)
+    main.add_command(bench)
 
 
 _register_commands()

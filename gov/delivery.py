@@ -11,6 +11,7 @@ notification tag and the message id in the payload.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -137,8 +138,9 @@ class Dispatcher:
             claimed = self.claim(self.batch, ids)
             if not claimed:
                 return stats
-            for outcome in self._pool.map(self._deliver_one, claimed):
-                stats.add(outcome)
+            attempts = list(self._pool.map(self._deliver_one, claimed))
+            for state in self._record(attempts):
+                stats.add(state)
             if ids is not None:
                 return stats
 
@@ -162,11 +164,11 @@ class Dispatcher:
             session = self._local.session = requests.Session()
         return session
 
-    def _deliver_one(self, row: _Claimed) -> str:
+    def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
+        """Send one claimed row; return its attempt, recorded with the batch's."""
         origin = origin_of(row.endpoint)
         if row.ttl_s <= 0:
-            outcome = PushOutcome("rejected", error="deadline passed before sending")
-            return self._record(row, origin, outcome, kind="expired")
+            return _attempt(row, origin, PushOutcome("rejected", error="deadline passed before sending"), "expired")
         payload = build_payload(
             row.content["title"],
             row.content.get("body", ""),
@@ -200,25 +202,33 @@ class Dispatcher:
                 outcome.status,
                 extra={"action": "vapid_alarm"},
             )
-        return self._record(row, origin, outcome)
+        return _attempt(row, origin, outcome)
 
-    def _record(self, row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None = None) -> str:
-        retry_ms = int(outcome.retry_after_s * 1000) if outcome.retry_after_s is not None else None
-        error = outcome.error or (outcome.body if outcome.kind in ("rejected", "unauthorized") else None)
-        (state,) = self.source.execute(
-            q("record_attempt"),
+    def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
+        """Record a batch's attempts in one call and one commit; return each row's new state."""
+        rows = self.source.execute(
+            q("record_attempts"),
             {
-                "outbox_id": row.outbox_id,
                 "worker": self.name,
-                "origin": origin,
-                "outcome": kind or outcome.kind,
-                "status": outcome.status,
-                "retry_after_ms": retry_ms,
-                "error": error,
+                "attempts": json.dumps(attempts),
                 "max_attempts": self.max_attempts,
                 "backoff_ms": self.backoff_ms,
                 "backoff_cap_ms": self.backoff_cap_ms,
                 "now": self._now(),
             },
         )
-        return str(state[0])
+        return [str(state) for _, state in rows]
+
+
+def _attempt(row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None = None) -> dict[str, Any]:
+    retry_ms = int(outcome.retry_after_s * 1000) if outcome.retry_after_s is not None else None
+    # the answer's body is kept only for refusals, where it says what to fix
+    error = outcome.error or (outcome.body if outcome.kind in ("rejected", "unauthorized") else None)
+    return {
+        "outbox_id": row.outbox_id,
+        "origin": origin,
+        "outcome": kind or outcome.kind,
+        "status": outcome.status,
+        "retry_after_ms": retry_ms,
+        "error": error,
+    }

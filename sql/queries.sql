@@ -106,3 +106,7 @@ ON CONFLICT (user_id) DO UPDATE
 
 -- name: user_settings
 SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_id)s;
+
+-- name: record_attempts
+SELECT outbox_id, state FROM gov.record_attempts_v1(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
+                                                    %(backoff_cap_ms)s, %(now)s);

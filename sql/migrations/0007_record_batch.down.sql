@@ -1,0 +1,1 @@
+DROP FUNCTION gov.record_attempts_v1(text, jsonb, integer, bigint, bigint, timestamptz);

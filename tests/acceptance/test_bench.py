@@ -1,0 +1,132 @@
+"""`gov bench` as a user runs it: every contender on every workload, and the lock variant's race.
+
+No timing is asserted anywhere: on a shared machine a figure proves nothing. What is
+asserted is that every line was measured and that each workload produced the verdicts
+it is built to produce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from gov.bench import decisions
+from gov.testing.postgres import TemplateDatabases
+
+REDIS = shutil.which("redis-server") is not None and importlib.util.find_spec("redis") is not None
+
+
+def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # gov.bench.cli on its own, so the test does not depend on the command's registration
+    full_env = {k: v for k, v in os.environ.items() if k != "GOV_DATABASE_URL"} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gov.bench.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+
+
+def gov_schemas(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'gov'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_bench_smoke(pg_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    before = gov_schemas(pg_server)
+    r = bench(
+        "--seconds", "1", "--connections", "2", "--users", "200", "--json", str(out),
+        env={"GOV_DATABASE_URL": pg_server},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "decisions/s" in r.stdout and "× floor" in r.stdout
+
+    report = json.loads(out.read_text())
+    settings: dict[str, Any] = report["settings"]
+    assert settings["connections"] == 2 and settings["users"] == 200 and settings["history"] == 0
+    expected = {"select1", "gov", *(("redis_one_call", "redis_per_tier", "redis_per_window") if REDIS else ())}
+    lines = {(f["contender"], f["workload"]): f for f in report["results"]}
+    assert set(lines) == {(c, w) for c in expected for w in ("fresh", "saturated", "mixed")}
+
+    for (contender, workload), f in lines.items():
+        assert f["decisions"] > 0 and f["decisions_per_s"] > 0, f
+        assert 0 < f["p50_ms"] <= f["p99_ms"], f
+        if contender == "select1":
+            assert f["allowed"] is None and f["suppressed"] is None and f["x_floor"] == 1.0
+            continue
+        assert f["x_floor"] > 0 and f["allowed"] + f["suppressed"] == f["decisions"], f
+        if workload == "fresh":
+            assert f["suppressed"] == 0, f  # never-seen users: every decision allowed
+        elif workload == "saturated":
+            assert f["allowed"] == 0, f  # users at their cap: every decision suppressed
+        else:
+            # P2 allows 2 / 24 h: never more than two per user of the population
+            assert 0 < f["allowed"] <= 2 * 200, f
+
+    # the scratch database is gone, and the server's own database was never given a gov schema
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (settings["database"],)).fetchall()
+    assert left == []
+    assert gov_schemas(pg_server) == before
+
+
+def test_unreachable_database_is_one_line() -> None:
+    r = bench("--seconds", "1", "--database-url", "postgresql://gov@127.0.0.1:1/nowhere?connect_timeout=2")
+    assert r.returncode == 1
+    # progress lines may come first; the error is one line, the last, with no traceback
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("gov bench: ")]
+    assert errors == [r.stderr.splitlines()[-1]], r.stderr
+    assert errors[0].startswith("gov: error: cannot reach the database server"), r.stderr
+    assert r.stdout == ""
+
+
+def test_row_lock_variant_gives_exactly_two_of_twenty(databases: TemplateDatabases) -> None:
+    url = databases.clone()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            replaced = decisions.install_lock_variant(conn, "row")
+            assert replaced is not None
+            row = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = to_regproc(%s)", (replaced,)).fetchone()
+            assert row is not None and "FOR UPDATE" in row[0] and "pg_advisory_xact_lock" not in row[0]
+            assert decisions.race(url, racers=20, rounds=5) == [2] * 5
+            # one P1 and one P2 row per allowed decision: nothing leaked by the refusals
+            spent = conn.execute("SELECT budget, count(*) FROM gov.sends GROUP BY budget ORDER BY budget").fetchall()
+        assert spent == [("P1", 10), ("P2", 10), ("global", 10)]
+    finally:
+        databases.drop(url)
+
+
+def test_row_lock_variant_refuses_a_schema_without_the_lock_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    unlocked = [
+        (name, text.replace(decisions.ADVISORY_LOCK_LINE, "NULL;")) for name, text in decisions.canonical_schema()
+    ]
+    monkeypatch.setattr(decisions, "canonical_schema", lambda: unlocked)
+    with pytest.raises(decisions.BenchError, match="expected one function"):
+        decisions.row_lock_variant()
+
+
+def test_delivery_bench_smoke(tmp_path: Path, pg_server: str) -> None:
+    out = tmp_path / "delivery.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gov.cli", "bench", "--delivery", "--messages", "60", "--workers", "4",
+         "--json", str(out), "--database-url", pg_server],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert [f["contender"] for f in figures] == ["naive pywebpush loop", "gov dispatch (4 workers)"]
+    assert all(f["delivered"] == 60 and f["per_second"] > 0 for f in figures)  # every message verified by the service
+    assert "deliveries/s" in result.stdout
