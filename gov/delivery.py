@@ -134,15 +134,18 @@ class Dispatcher:
     def run_once(self, ids: list[int] | None = None) -> DispatchStats:
         """Deliver everything due now (or only the rows ``ids``); return what happened."""
         stats = DispatchStats()
-        while True:
-            claimed = self.claim(self.batch, ids)
+        remaining = None if ids is None else set(ids)
+        while remaining is None or remaining:
+            claimed = self.claim(self.batch, None if remaining is None else sorted(remaining))
             if not claimed:
-                return stats
+                break
             attempts = list(self._pool.map(self._deliver_one, claimed))
             for state in self._record(attempts):
                 stats.add(state)
-            if ids is not None:
-                return stats
+            if remaining is not None:
+                # each given row is attempted once here; what failed waits for its retry time
+                remaining -= {row.outbox_id for row in claimed}
+        return stats
 
     def run_forever(self, stop: threading.Event, idle_s: float = 1.0) -> None:
         """Drain, then poll every ``idle_s`` seconds until ``stop`` is set."""

@@ -20,7 +20,7 @@ import psycopg
 
 from gov.db import Source
 from gov.errors import InvalidInput
-from gov.message import MAX_ID_LENGTH
+from gov.message import MAX_ID_LENGTH, is_utf8
 from gov.queries import q
 
 EVENTS = ("accepted", "display", "click", "close", "unsubscribe")
@@ -37,8 +37,8 @@ class InvalidEvent(InvalidInput):
 def _check_id(name: str, value: object) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidEvent(f"{name} is required and must be a non-empty string")
-    if len(value) > MAX_ID_LENGTH or "\x00" in value:
-        raise InvalidEvent(f"{name} must be at most {MAX_ID_LENGTH} characters without NUL bytes")
+    if len(value) > MAX_ID_LENGTH or "\x00" in value or not is_utf8(value):
+        raise InvalidEvent(f"{name} must be at most {MAX_ID_LENGTH} characters of valid text without NUL bytes")
 
 
 def check_event(user_id: object, message_id: object, event: object, subscription_id: object = None) -> None:
@@ -48,7 +48,7 @@ def check_event(user_id: object, message_id: object, event: object, subscription
     if event not in EVENTS:
         raise InvalidEvent(f"unknown event {event!r}: expected one of {', '.join(EVENTS)}")
     if subscription_id is not None and (
-        isinstance(subscription_id, bool) or not isinstance(subscription_id, int) or subscription_id <= 0
+        isinstance(subscription_id, bool) or not isinstance(subscription_id, int) or not 0 < subscription_id < 2**63
     ):
         raise InvalidEvent(f"subscription_id must be a positive integer, got {subscription_id!r}")
 

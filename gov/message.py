@@ -13,6 +13,15 @@ MAX_ID_LENGTH = 256  # characters, for user ids, message ids, topics, campaigns,
 MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
 
 
+def is_utf8(value: str) -> bool:
+    """False for text that cannot be stored: a lone surrogate has no UTF-8 encoding."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_text(name: str, value: object, *, required: bool) -> None:
     if value is None:
         if required:
@@ -28,6 +37,8 @@ def _check_text(name: str, value: object, *, required: bool) -> None:
         raise InvalidMessage(f"{name} is {len(value)} characters; at most {MAX_ID_LENGTH}")
     if "\x00" in value:
         raise InvalidMessage(f"{name} contains a NUL byte")
+    if not is_utf8(value):
+        raise InvalidMessage(f"{name} is not valid Unicode text (a lone surrogate)")
 
 
 @dataclass(frozen=True)
@@ -62,8 +73,8 @@ class Message:
         _check_text("collapse_key", self.collapse_key, required=False)
         for name in ("title", "body", "url"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or "\x00" in value):
-                raise InvalidMessage(f"{name} must be text without NUL bytes")
+            if value is not None and (not isinstance(value, str) or "\x00" in value or not is_utf8(value)):
+                raise InvalidMessage(f"{name} must be valid Unicode text without NUL bytes")
         if self.ttl is not None and (
             isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 0 <= self.ttl <= MAX_TTL_S
         ):

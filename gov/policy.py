@@ -25,6 +25,7 @@ URGENCIES = ("very-low", "low", "normal", "high")
 DEFAULT_DEFER_MAX_MS = 6 * 3600 * 1000  # milliseconds: the seeds' ceiling on a deferral
 DEFAULT_TTL_S = 86400  # seconds
 MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
+MAX_DURATION_MS = 366 * 86_400_000  # milliseconds: no window, TTL or wait is longer than a year
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _TIER_NAME = re.compile(r"^P[0-9]$")
@@ -120,9 +121,18 @@ def _windows_toml(windows: tuple[Window, ...]) -> str:
 
 
 def _toml_key(key: str) -> str:
+    """A TOML key: bare when it can be, else a basic string with every control character escaped."""
     if re.fullmatch(r"[A-Za-z0-9_-]+", key):
         return key
-    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    escaped = []
+    for ch in key:
+        if ch in ('"', "\\"):
+            escaped.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            escaped.append(f"\\u{ord(ch):04X}")
+        else:
+            escaped.append(ch)
+    return '"' + "".join(escaped) + '"'
 
 
 def format_duration(ms: int) -> str:
@@ -148,6 +158,8 @@ def parse_duration(value: object, what: str) -> int:
         raise ValueError(f"{what}: expected a duration such as \"24h\" or \"7d\", got {value!r}")
     if ms <= 0:
         raise ValueError(f"{what}: must be positive, got {value!r}")
+    if ms > MAX_DURATION_MS:
+        raise ValueError(f"{what}: at most 366d, got {value!r}")
     return ms
 
 

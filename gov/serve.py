@@ -135,9 +135,14 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(bytes(body), parse_constant=refuse_constant)
+        data = json.loads(bytes(body), parse_constant=refuse_constant)
+        # a \uD800 escape parses to a lone surrogate, which no database text can hold
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPError(400, "invalid JSON: a string holds a lone surrogate (not valid Unicode)") from None
     except (ValueError, RecursionError) as exc:
         raise HTTPError(400, f"invalid JSON: {exc}") from None
+    return data
 
 
 def _object(data: Any, allowed: tuple[str, ...] | Mapping[str, str], what: str) -> dict[str, Any]:
@@ -212,8 +217,8 @@ def _parse_preferences(
             window_ms = parse_duration(item["window"], f"cap {scope} window")
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise InvalidInput(f"cap {scope}/{item['window']}: must be a whole number ≥ 0, got {cap!r}")
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= 1_000_000:
+            raise InvalidInput(f"cap {scope}/{item['window']}: must be a whole number from 0 to 1000000, got {cap!r}")
         if (scope, window_ms) in caps:
             raise InvalidInput(f"cap {scope}/{item['window']} is given twice")
         caps[(scope, window_ms)] = cap
