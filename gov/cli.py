@@ -445,9 +445,13 @@ def _register_commands() -> None:
     """The operator and analyst commands live in their own modules; attach them here."""
     from gov.bench.cli import bench
     from gov.cli_ops import register
+    from gov.simulate.cli import simulate
+    from gov.soak import soak
 
     register(main, policy_group, db)
     main.add_command(bench)
+    main.add_command(simulate)
+    main.add_command(soak)
 
 
 _register_commands()

@@ -1,0 +1,368 @@
+"""The seeds' story: four teams sending to one population, each on its own schedule.
+
+Nobody here sends too much. Lifecycle sends win-backs, merchandising sends campaigns and
+flash sales, product announces features and sends digests, recommendations, mentions and
+watchlist alerts, and the order pipeline sends confirmations, three shipping updates and
+passcodes — all individually justified, all landing on the same people, on the same
+Tuesday. The governor is the only part that sees the total.
+
+Everything is drawn from random generators seeded by ``(seed, what, day)``, never from
+one shared stream, so the traffic of a day does not depend on what happened before it
+(who unsubscribed, what the governor did): the governed and the ungoverned run of
+``--compare`` see exactly the same messages, and two runs with one seed the same story.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from typing import TypeVar
+from zoneinfo import ZoneInfo
+
+from gov.message import Message
+
+#: The simulation starts on a Monday, so its second day is the seeds' Tuesday.
+DEFAULT_START = datetime(2026, 6, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+#: (IANA zone told to gov, share of users). ``None``: the user never told us a zone, so
+#: no quiet hours apply to them, but they still live somewhere (their ``home_zone``).
+TIME_ZONES: tuple[tuple[str | None, float], ...] = (
+    ("Europe/Berlin", 0.30),
+    ("America/New_York", 0.25),
+    ("Asia/Tokyo", 0.15),
+    ("UTC", 0.10),
+    (None, 0.20),
+)
+HOME_ZONES = ("Europe/Berlin", "America/New_York", "Asia/Tokyo", "UTC")
+#: Quiet windows some users chose in the preference centre (local time).
+OWN_QUIET_HOURS: tuple[tuple[time, time], ...] = (
+    (time(21, 0), time(7, 0)),
+    (time(23, 30), time(6, 30)),
+    (time(20, 30), time(9, 0)),
+    (time(0, 0), time(10, 0)),
+)
+OWN_QUIET_SHARE = 0.15  # of the users who have a time zone
+ENDPOINT_WEIGHTS = (0.75, 0.20, 0.05)  # one, two or three browsers
+MAX_ACTIVITY = 5.0  # the busiest users act five times as much as the average one
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of notification a team sends, and how much a fresh user cares about it."""
+
+    name: str
+    team: str
+    tier: str
+    topic: str
+    ttl_s: int
+    click: float  # click probability for a user who received nothing else this week
+    unsubscribe: float  # weight of this kind in the fatigue-driven unsubscribe probability
+    collapse_key: str | None = None
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("winback", "lifecycle", "P2", "winback", 24 * 3600, 0.05, 1.0),
+        Kind("promo", "merchandising", "P2", "promotions", 12 * 3600, 0.07, 1.0),
+        Kind("flash", "merchandising", "P2", "flash-sale", 6 * 3600, 0.10, 1.0),
+        Kind("feature", "product", "P2", "features", 48 * 3600, 0.06, 1.0),
+        # a digest keeps its value for a week: its TTL outlasts the P3 window, so held
+        # digests live to be collapsed into one summary instead of expiring
+        Kind("digest", "product", "P3", "digest", 8 * 86400, 0.06, 1.0, collapse_key="digest"),
+        Kind("recs", "product", "P3", "recommendations", 48 * 3600, 0.05, 1.0, collapse_key="recs"),
+        Kind("mention", "product", "P1", "mentions", 24 * 3600, 0.30, 0.5),
+        Kind("watch", "product", "P1", "watchlist", 12 * 3600, 0.20, 0.5),
+        Kind("order", "orders", "P0", "orders", 3600, 0.35, 0.1),
+        Kind("code", "orders", "P0", "passcodes", 600, 0.05, 0.1),
+    )
+}
+TEAMS = ("lifecycle", "merchandising", "product", "orders")
+TEAM_OF_TOPIC = {k.topic: k.team for k in KINDS.values()}
+KIND_OF_TOPIC = {k.topic: k for k in KINDS.values()}
+
+
+@dataclass(frozen=True)
+class SimUser:
+    """One subscriber and the traits that shape what the teams send them."""
+
+    index: int
+    user_id: str
+    endpoints: int
+    home_zone: str  # where they live: their day and night
+    time_zone: str | None  # what gov was told (None: no quiet hours for them)
+    quiet: tuple[time, time] | None  # their own quiet window, else the policy's
+    activity: float  # mean 1: how much they order, follow and get mentioned
+    digest: bool  # opted into the daily digest
+    watchlist: bool  # watches prices
+    lapsed: bool  # in the lifecycle team's win-back cohort
+    marketing: bool  # opted into marketing pushes (campaigns, flash sales)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A message some team will hand to ``Governor.send`` at ``at``."""
+
+    at: datetime
+    user: int  # SimUser.index
+    message: Message
+
+    @property
+    def sort_key(self) -> tuple[datetime, int, str]:
+        return (self.at, self.user, self.message.id)
+
+
+def rng(seed: int, *parts: object) -> random.Random:
+    """An independent generator for one (seed, purpose, ...) (string seeds hash with SHA-512)."""
+    return random.Random("/".join(str(p) for p in (seed, *parts)))
+
+
+def uniform(seed: int, *parts: object) -> float:
+    """One deterministic uniform draw in [0, 1) for a key: cheaper than a generator per message."""
+    digest = hashlib.blake2b("/".join(str(p) for p in (seed, *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+T = TypeVar("T")
+
+
+def _pick(r: random.Random, weighted: Sequence[tuple[T, float]]) -> T:
+    x = r.random() * sum(w for _, w in weighted)
+    for value, weight in weighted:
+        x -= weight
+        if x < 0:
+            return value
+    return weighted[-1][0]
+
+
+def population(users: int, seed: int) -> list[SimUser]:
+    """``users`` subscribers with a spread of devices, time zones, quiet hours and habits."""
+    r = rng(seed, "population")
+    # lognormal activity with mean 1: most users are quiet, a tail is very busy — the
+    # top decile the seeds warn is "buried while the median gets one a week"
+    sigma = 0.8
+    out = []
+    for i in range(users):
+        zone = _pick(r, TIME_ZONES)
+        home = zone if zone is not None else r.choice(HOME_ZONES)
+        quiet = r.choice(OWN_QUIET_HOURS) if zone is not None and r.random() < OWN_QUIET_SHARE else None
+        out.append(
+            SimUser(
+                index=i,
+                user_id=f"u{i:05d}",
+                endpoints=_pick(r, tuple(zip((1, 2, 3), ENDPOINT_WEIGHTS, strict=True))),
+                home_zone=home,
+                time_zone=zone,
+                quiet=quiet,
+                activity=min(MAX_ACTIVITY, math.exp(r.gauss(-sigma * sigma / 2, sigma))),
+                digest=r.random() < 0.30,
+                watchlist=r.random() < 0.35,
+                lapsed=r.random() < 0.20,
+                marketing=r.random() < 0.50,
+            )
+        )
+    return out
+
+
+# Relative likelihood that a user-driven event (an order, a mention) happens at each local
+# hour: people act in the day and evening, rarely at night.
+_LOCAL_ACTIVITY = (1, 1, 1, 1, 1, 1, 2, 4, 6, 7, 7, 7, 8, 7, 7, 7, 7, 8, 9, 10, 10, 8, 5, 2)
+_ZONES: dict[str, ZoneInfo] = {}
+
+
+def _zone(name: str) -> ZoneInfo:
+    zone = _ZONES.get(name)
+    if zone is None:
+        zone = _ZONES[name] = ZoneInfo(name)
+    return zone
+
+
+def _poisson(r: random.Random, mean: float) -> int:
+    # Knuth's method: the means here are small (well under 5)
+    limit, k, p = math.exp(-mean), 0, r.random()
+    while p > limit:
+        k += 1
+        p *= r.random()
+    return k
+
+
+class Story:
+    """Generates, day by day, what each team hands to the governor."""
+
+    def __init__(self, users: list[SimUser], seed: int, start: datetime = DEFAULT_START) -> None:
+        self.users = users
+        self.seed = seed
+        self.start = start
+
+    def _daytime(self, r: random.Random, user: SimUser, day_start: datetime) -> datetime:
+        """A moment in this UTC day when ``user`` is likely awake, in their home zone."""
+        zone = _zone(user.home_zone)
+        top = max(_LOCAL_ACTIVITY)
+        while True:
+            at = day_start + timedelta(seconds=r.randrange(86400))
+            if r.random() * top < _LOCAL_ACTIVITY[at.astimezone(zone).hour]:
+                return at
+
+    def _message(self, user: SimUser, kind: str, mid: str, title: str, body: str, campaign: str | None) -> Message:
+        k = KINDS[kind]
+        return Message(
+            user_id=user.user_id,
+            id=mid,
+            tier=k.tier,
+            topic=k.topic,
+            campaign_id=campaign,
+            title=title,
+            body=body,
+            url=f"https://shop.example/{k.topic}",
+            collapse_key=k.collapse_key,
+            ttl=k.ttl_s,
+        )
+
+    def day(self, d: int) -> Iterator[Planned]:
+        """Everything the teams decide to send on day ``d`` (follow-ups may fall on later days)."""
+        yield from self._lifecycle(d)
+        yield from self._merchandising(d)
+        yield from self._product(d)
+        yield from self._orders(d)
+
+    # ------------------------------------------------------------ the four teams
+
+    def _lifecycle(self, d: int) -> Iterator[Planned]:
+        """Win-backs at 09:00 UTC: each lapsed user every third day."""
+        at = self.start + d * DAY + timedelta(hours=9)
+        for u in self.users:
+            if u.lapsed and (u.index + d) % 3 == 0:
+                msg = self._message(u, "winback", f"winback-{d:02d}", "We miss you", "10% off your next order",
+                                    f"winback-{d:02d}")
+                yield Planned(at, u.index, msg)
+
+    def _merchandising(self, d: int) -> Iterator[Planned]:
+        """Campaigns at 10:00 and 18:00 UTC on weekdays, flash sales on Tuesdays and Saturdays at 12:00.
+
+        Each to a random share of the users who opted into marketing: 25% per campaign, 50% per sale.
+        """
+        day_start = self.start + d * DAY
+        weekday = day_start.weekday()
+        if weekday < 5:
+            for hour in (10, 18):
+                r = rng(self.seed, "promo", d, hour)
+                campaign = f"promo-{d:02d}-{hour:02d}"
+                for u in self.users:
+                    if r.random() < 0.25 and u.marketing:
+                        msg = self._message(u, "promo", campaign, "New arrivals", "This week's picks for you", campaign)
+                        yield Planned(day_start + timedelta(hours=hour), u.index, msg)
+        if weekday in (1, 5):
+            r = rng(self.seed, "flash", d)
+            campaign = f"flash-{d:02d}"
+            for u in self.users:
+                if r.random() < 0.50 and u.marketing:
+                    msg = self._message(u, "flash", campaign, "Flash sale: 6 hours only", "Up to 50% off", campaign)
+                    yield Planned(day_start + timedelta(hours=12), u.index, msg)
+
+    def _product(self, d: int) -> Iterator[Planned]:
+        """Feature news (Tue 15:00 UTC), daily digests (07:00 UTC), recommendations, mentions, watchlist."""
+        day_start = self.start + d * DAY
+        if day_start.weekday() == 1:
+            campaign = f"feature-{d:02d}"
+            for u in self.users:
+                msg = self._message(u, "feature", campaign, "New: saved searches", "Never miss a restock", campaign)
+                yield Planned(day_start + timedelta(hours=15), u.index, msg)
+        for u in self.users:
+            if u.digest:
+                msg = self._message(u, "digest", f"digest-{d:02d}", f"Your digest, day {d + 1}",
+                                    "What happened while you were away", f"digest-{d:02d}")
+                yield Planned(day_start + timedelta(hours=7), u.index, msg)
+        r = rng(self.seed, "recs", d)
+        for u in self.users:
+            for n in range(_poisson(r, 0.10 * u.activity)):
+                msg = self._message(u, "recs", f"recs-{d:02d}-{n}", "Picked for you", "Based on what you viewed",
+                                    "recs")
+                yield Planned(self._daytime(r, u, day_start), u.index, msg)
+        r = rng(self.seed, "mention", d)
+        for u in self.users:
+            for n in range(_poisson(r, 0.15 * u.activity)):
+                msg = self._message(u, "mention", f"mention-{d:02d}-{n}", "You were mentioned",
+                                    "Someone replied to your review", None)
+                yield Planned(self._daytime(r, u, day_start), u.index, msg)
+        # A market move: prices drop at a random moment and every watcher gets a burst
+        # of alerts within the hour — the P1 cap's reason to exist.
+        r = rng(self.seed, "market", d)
+        if r.random() < 0.30:
+            move = day_start + timedelta(seconds=r.randrange(86400))
+            for u in self.users:
+                if u.watchlist:
+                    for n in range(1 + _poisson(r, 0.5 * u.activity)):
+                        msg = self._message(u, "watch", f"watch-{d:02d}-{n}", "Price drop on your watchlist",
+                                            "An item you watch is cheaper now", None)
+                        yield Planned(move + timedelta(seconds=r.randrange(3600)), u.index, msg)
+
+    def _orders(self, d: int) -> Iterator[Planned]:
+        """Orders (confirmation, then three shipping updates over the next days) and passcodes."""
+        day_start = self.start + d * DAY
+        r = rng(self.seed, "orders", d)
+        for u in self.users:
+            for n in range(_poisson(r, 0.05 * u.activity)):
+                at = self._daytime(r, u, day_start)
+                ref = f"{d:02d}{n}{u.index:05d}"
+                steps = (
+                    ("confirmed", "Order confirmed", timedelta(0)),
+                    ("shipped", "Your order has shipped", timedelta(hours=r.uniform(4, 30))),
+                    ("out", "Out for delivery today", timedelta(hours=r.uniform(12, 40))),
+                    ("delivered", "Delivered", timedelta(hours=r.uniform(2, 8))),
+                )
+                for step, title, delay in steps:
+                    at += delay
+                    msg = self._message(u, "order", f"order-{d:02d}-{n}-{step}", title, f"Order #{ref}", None)
+                    yield Planned(at, u.index, msg)
+            for n in range(_poisson(r, 0.05 * u.activity)):
+                msg = self._message(u, "code", f"code-{d:02d}-{n}", "Your sign-in code",
+                                    f"{r.randrange(10**6):06d} is your code", None)
+                yield Planned(self._daytime(r, u, day_start), u.index, msg)
+
+
+# ---------------------------------------------------------------- engagement
+
+
+#: What a user does with a notification once it is displayed.
+OUTCOMES = ("click", "close", "ignore", "unsubscribe")
+DISPLAY_RATE = 0.97  # the rest the OS swallowed (focus modes, muted sites)
+CLOSE_SHARE = 0.35  # of the notifications not clicked, the share dismissed by hand
+
+
+def fatigue_click_factor(volume: int) -> float:
+    """How much of a fresh user's click probability is left after ``volume`` sends this week."""
+    return 1.0 / (1.0 + (volume / 4.0) ** 1.5)
+
+
+def unsubscribe_probability(volume: int, weight: float) -> float:
+    """Probability that one more notification makes a user leave, after ``volume`` this week.
+
+    Negligible at a handful a week, steep past ten: the crossover the fatigue report finds.
+    """
+    return min(0.25, weight * (0.0002 + 0.0003 * (volume / 4.0) ** 4))
+
+
+def react(seed: int, user_id: str, message_id: str, kind: Kind, volume: int) -> tuple[bool, str]:
+    """(displayed, outcome) of one delivered message, for a user who got ``volume`` this week.
+
+    The draw is keyed by (seed, user, message), not taken from a shared stream: the same
+    message meets the same dice in the governed and the ungoverned run, so the two differ
+    only by the volume the user had received (common random numbers).
+    """
+    if uniform(seed, "display", user_id, message_id) >= DISPLAY_RATE:
+        return False, "ignore"
+    u = uniform(seed, "react", user_id, message_id)
+    p_unsub = unsubscribe_probability(volume, kind.unsubscribe)
+    if u < p_unsub:
+        return True, "unsubscribe"
+    p_click = kind.click * fatigue_click_factor(volume)
+    if u < p_unsub + p_click:
+        return True, "click"
+    if u < p_unsub + p_click + (1 - p_unsub - p_click) * CLOSE_SHARE:
+        return True, "close"
+    return True, "ignore"
