@@ -133,7 +133,8 @@ $$;
 -- window (p_now - p_since, p_now]. Definitions (docs/analysts.md):
 --   sends        per user: the messages a push service accepted for them in the window
 --                (one message on two of a user's browsers is one send)
---   bucket       least(sends, 8); users with no accepted send are not in any bucket
+--   bucket       least(sends, 8); users with no accepted send are not in any bucket; a
+--                user who unsubscribed is bucketed by the sends of the p_since before it
 --   subscribers  users in the bucket (with p_segment: who got a segment message)
 --   accepted     their accepted messages (with p_segment: the segment's only)
 --   displays, clicks, closes
@@ -178,9 +179,24 @@ LANGUAGE sql AS $$
          WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
          GROUP BY e.user_id, e.message_id
     ),
+    left_at AS (
+        -- when a user unsubscribed in the window: their volume is what they had received
+        -- in the p_since before that moment, not what the window holds (an early leaver's
+        -- few sends before leaving would put them in a low bucket and fake a crossover)
+        SELECT e.user_id, min(e.created_at) AS at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id
+    ),
     volume AS (
-        SELECT d.user_id, least(count(*), 8)::integer AS bucket
-          FROM delivered d GROUP BY d.user_id
+        SELECT d.user_id, least(count(DISTINCT e.message_id), 8)::integer AS bucket
+          FROM (SELECT DISTINCT d0.user_id FROM delivered d0) d
+          LEFT JOIN left_at l ON l.user_id = d.user_id
+          JOIN gov.push_events e
+            ON e.user_id = d.user_id AND e.event = 'accepted'
+           AND e.created_at > coalesce(l.at, (SELECT w.t_end FROM bounds w)) - p_since
+           AND e.created_at <= coalesce(l.at, (SELECT w.t_end FROM bounds w))
+         GROUP BY d.user_id
     ),
     reactions AS (
         SELECT d.user_id, d.message_id,

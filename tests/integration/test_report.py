@@ -125,8 +125,20 @@ def _as_tuples(rows: Any) -> list[tuple[Any, ...]]:
         return None if v is None else format(v.normalize(), "f")
 
     return [
-        (r.bucket, r.subscribers, r.accepted, r.displays, r.clicks, r.closes, r.unsubscribes,
-         num(r.ctr), num(r.unsubscribe_rate), num(r.display_rate), num(r.close_to_click), r.crossover)
+        (
+            r.bucket,
+            r.subscribers,
+            r.accepted,
+            r.displays,
+            r.clicks,
+            r.closes,
+            r.unsubscribes,
+            num(r.ctr),
+            num(r.unsubscribe_rate),
+            num(r.display_rate),
+            num(r.close_to_click),
+            r.crossover,
+        )
         for r in rows
     ]
 
@@ -208,3 +220,28 @@ def test_cli_fatigue_json_table_and_bad_input(db_url: str, seeded: datetime, tmp
     assert suspects.exit_code == 0 and "d1" in suspects.stdout
     bad = runner.invoke(main, ["report", "fatigue", "--since", "a week"], env=env)
     assert bad.exit_code == 1 and "--since" in bad.stderr
+
+
+def test_an_early_leaver_is_bucketed_by_what_they_had_received(conn: psycopg.Connection[Any]) -> None:
+    """Six sends in the week before leaving put a leaver in bucket 6, not in the 2 the window still sees."""
+    at = datetime(2026, 7, 26, 12, 0, tzinfo=UTC)
+    sends = [at - timedelta(days=8, hours=h) for h in range(4)]
+    sends += [at - timedelta(days=6, hours=12 + h) for h in range(2)]
+    for i, when in enumerate(sends):
+        conn.execute(
+            "INSERT INTO gov.messages (user_id, message_id, tier, allowed, decided_at)"
+            " VALUES ('leaver', %s, 'P2', true, %s)",
+            (f"m{i}", when),
+        )
+        conn.execute(
+            "INSERT INTO gov.push_events (user_id, message_id, event, created_at)"
+            " VALUES ('leaver', %s, 'accepted', %s)",
+            (f"m{i}", when),
+        )
+    conn.execute(
+        "INSERT INTO gov.push_events (user_id, message_id, event, created_at)"
+        " VALUES ('leaver', 'm5', 'unsubscribe', %s)",
+        (at - timedelta(days=6),),
+    )
+    report = conn.execute("SELECT bucket, subscribers, unsubscribes FROM gov.fatigue_report_v1('7 days', %s)", (at,))
+    assert {r[0]: r for r in report} == {6: (6, 1, 1)}
