@@ -1,6 +1,6 @@
 """``gov bench --delivery``: deliveries per second to the loopback test push service.
 
-Two contenders, one run, the same push service (in a process of its own, so its
+Two contenders, one run, the same push services (processes of their own, so their
 decryption and VAPID checks do not share our interpreter's lock) and the same number of
 messages:
 
@@ -90,13 +90,32 @@ def _naive(infos: list[dict[str, Any]], key_path: Path, payload: bytes) -> float
     return time.perf_counter() - started
 
 
-def run_delivery_bench(dsn: str, messages: int = 2000, workers: int = 16) -> list[DeliveryFigure]:
-    """Deliver ``messages`` both ways to one push service; return the figures of each."""
+class _PushServices:
+    """Several push service processes (several origins, as real traffic has): one Python
+    process decrypting and verifying every request would otherwise be what is measured."""
+
+    def __init__(self, count: int, subscriptions: int, expected_key: str) -> None:
+        self._services = [_RemotePushService(-(-subscriptions // count), expected_key) for _ in range(count)]
+        # interleaved, so each contender's share spreads over every service
+        self.infos = [info for group in zip(*(s.infos for s in self._services), strict=True) for info in group]
+
+    def accepted(self) -> int:
+        return sum(s.accepted() for s in self._services)
+
+    def close(self) -> None:
+        for s in self._services:
+            s.close()
+
+
+def run_delivery_bench(
+    dsn: str, messages: int = 2000, workers: int = 16, services: int = 2
+) -> list[DeliveryFigure]:
+    """Deliver ``messages`` both ways to the same push services; return the figures of each."""
     with tempfile.TemporaryDirectory(prefix="gov-bench-delivery-") as tmp:
         key_path = Path(tmp) / "vapid.pem"
         public = generate_keypair(key_path)
         signer = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
-        service = _RemotePushService(messages * 2, public)
+        service = _PushServices(services, messages * 2, public)
         try:
             payload = json.dumps({"title": "bench", "body": "x" * 120}).encode()
             before = service.accepted()
