@@ -14,6 +14,9 @@ from gov.message import MAX_ID_LENGTH
 from gov.queries import q
 
 
+_KNOWN_ZONES: set[str] = set()  # zones the database said it knows (zone data changes only with an upgrade)
+
+
 def _check_user(user_id: str) -> None:
     if not isinstance(user_id, str) or not user_id.strip() or len(user_id) > MAX_ID_LENGTH or "\x00" in user_id:
         raise PolicyError(f"invalid user id {user_id!r}")
@@ -48,10 +51,12 @@ def set_time_zone(conn: psycopg.Connection[Any], user_id: str, time_zone: str | 
         except (ZoneInfoNotFoundError, ValueError):
             raise PolicyError(f"unknown time zone {time_zone!r} (use an IANA name such as Europe/Berlin)") from None
     with translate_errors(), conn.transaction():
-        if time_zone is not None:
+        if time_zone is not None and time_zone not in _KNOWN_ZONES:
+            # pg_timezone_names reads every zone file (about 10 ms): ask once per zone
             row = conn.execute(q("known_time_zone"), {"tz": time_zone}).fetchone()
             if not row or not row[0]:
                 raise PolicyError(f"the database does not know the time zone {time_zone!r}")
+            _KNOWN_ZONES.add(time_zone)
         conn.execute(q("set_user_time_zone"), {"user_id": user_id, "tz": time_zone})
 
 
