@@ -13,7 +13,6 @@ from gov.errors import PolicyError
 from gov.message import MAX_ID_LENGTH
 from gov.queries import q
 
-
 _KNOWN_ZONES: set[str] = set()  # zones the database said it knows (zone data changes only with an upgrade)
 
 
