@@ -8,34 +8,23 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import psycopg
 
 from gov import migrate, policy
+from gov.cli_common import dsn as _dsn
+from gov.cli_common import option
+from gov.cli_common import parse_at as _parse_at
+from gov.cli_common import url_option as _url_option
 from gov.db import resolve_url, stop_embedded, translate_errors
 from gov.errors import GovError
 from gov.governor import Governor
 from gov.message import Message
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _EnvOption(click.Option):
-    """An option whose GOV_* environment variable is shown in --help."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("show_envvar", True)
-        super().__init__(*args, **kwargs)
-
-
-def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
-    return click.option(*args, cls=_EnvOption, **kwargs)
 
 
 class _Group(click.Group):
@@ -49,36 +38,10 @@ class _Group(click.Group):
             sys.exit(1)
 
 
-def _url_option(fn: F) -> F:
-    return option(
-        "--database-url",
-        envvar="GOV_DATABASE_URL",
-        show_envvar=True,
-        help="PostgreSQL URL. Without one, an embedded server under $GOV_DATA_DIR (./.gov) is used.",
-    )(fn)
-
-
 @contextmanager
-def _connect(url: str | None, *, migrated: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    dsn = resolve_url(url)
-    if migrated and url is None and not _is_configured():
-        # the embedded default is ours: bring it to head on first use
-        migrate.upgrade(dsn)
-    with translate_errors(), psycopg.connect(dsn) as conn:
+def _connect(url: str | None) -> Iterator[psycopg.Connection[Any]]:
+    with translate_errors(), psycopg.connect(_dsn(url)) as conn:
         yield conn
-
-
-def _is_configured() -> bool:
-    import os
-
-    return bool(os.environ.get("GOV_DATABASE_URL"))
-
-
-def _dsn(url: str | None) -> str:
-    dsn = resolve_url(url)
-    if url is None and not _is_configured():
-        migrate.upgrade(dsn)
-    return dsn
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "GOV", "show_default": True})
@@ -165,18 +128,6 @@ def policy_apply(file: Path, dry_run: bool, database_url: str | None) -> None:
 
 
 # ---------------------------------------------------------------- gov decide
-
-
-def _parse_at(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
-    if at.tzinfo is None:
-        raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
-    return at
 
 
 @main.command()

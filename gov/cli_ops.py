@@ -11,9 +11,7 @@ Also runnable on its own as ``python -m gov.cli_ops <args>`` (the whole `gov` CL
 these commands attached).
 
 This module does not import :mod:`gov.cli` at import time: ``gov/cli.py`` imports it
-to register these commands, and ``python -m gov.cli`` runs that file as ``__main__``,
-so an import back would load a second copy of it mid-way. The few helpers it shares
-(env-var options, the database URL) are therefore restated here, identically.
+to register these commands. The shared helpers come from :mod:`gov.cli_common`.
 """
 
 from __future__ import annotations
@@ -21,63 +19,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
-from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from gov.cli_common import dsn, duration, option, parse_at, url_option
 from gov.errors import GovError
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """A click option whose GOV_* environment variable is shown in --help (as gov.cli's)."""
-    kwargs.setdefault("show_envvar", True)
-    return click.option(*args, **kwargs)
-
-
-def url_option(fn: F) -> F:
-    return option(
-        "--database-url",
-        envvar="GOV_DATABASE_URL",
-        help="PostgreSQL URL. Without one, an embedded server under $GOV_DATA_DIR (./.gov) is used.",
-    )(fn)
-
-
-def _dsn(url: str | None) -> str:
-    """The database to use; the embedded default is brought to head on first use (as gov.cli)."""
-    from gov import migrate
-    from gov.db import resolve_url, translate_errors
-
-    with translate_errors():
-        dsn = resolve_url(url)
-        if url is None and not os.environ.get("GOV_DATABASE_URL"):
-            migrate.upgrade(dsn)
-    return dsn
-
-
-def _duration(value: str, what: str) -> timedelta:
-    from gov.policy import parse_duration
-
-    try:
-        return timedelta(milliseconds=parse_duration(value, what))
-    except ValueError as exc:
-        raise GovError(str(exc)) from None
-
-
-def _parse_at(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
-    if at.tzinfo is None:
-        raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
-    return at
+_dsn = dsn
+_duration = duration
+_parse_at = parse_at
 
 
 def _console() -> Any:

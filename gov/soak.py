@@ -57,6 +57,7 @@ from psycopg import sql
 
 from gov import migrate
 from gov import policy as policy_mod
+from gov.cli_common import option
 from gov.db import Source, translate_errors
 from gov.maintenance import conservation
 
@@ -737,17 +738,17 @@ def run_soak(
 
 
 @click.command("soak")
-@click.option("--seconds", type=click.FloatRange(1), default=60.0, show_default=True, help="How long the load is held.")
-@click.option("--senders", type=click.IntRange(1, 256), default=16, show_default=True,
+@option("--seconds", type=click.FloatRange(1), default=60.0, show_default=True, help="How long the load is held.")
+@option("--senders", type=click.IntRange(1, 256), default=16, show_default=True,
               help="Concurrent sender processes.")
-@click.option("--users", type=click.IntRange(1, 1_000_000), default=2000, show_default=True,
+@option("--users", type=click.IntRange(1, 1_000_000), default=2000, show_default=True,
               help="Distinct users (each with one endpoint).")
-@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Policy TOML for the scratch database (default: the soak's windows of seconds).")
-@click.option("--drain-timeout", type=click.FloatRange(1), default=120.0, show_default=True,
+@option("--drain-timeout", type=click.FloatRange(1), default=120.0, show_default=True,
               help="Seconds to wait for the outbox and due deferrals to drain.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--database-url", envvar="GOV_DATABASE_URL", show_envvar=True, default=None,
+@option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@option("--database-url", envvar="GOV_DATABASE_URL", show_envvar=True, default=None,
               help="A server to create the scratch database on (needs CREATEDB). Default: embedded, temporary.")
 def soak(
     seconds: float, senders: int, users: int, policy_file: Path | None, drain_timeout: float, as_json: bool,

@@ -9,28 +9,14 @@ A failure is one line, ``gov: error: …``, and exit 1.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
 from gov.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
+from gov.cli_common import option
 from gov.errors import GovError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """gov.cli's ``option`` helper (environment variable shown in --help), restated.
-
-    Importing it from gov.cli would be circular once gov.cli imports this module to
-    register the command. The variables are named explicitly (GOV_BENCH_*), the names
-    ``auto_envvar_prefix="GOV"`` gives them under ``gov``, so they also work standalone.
-    """
-    kwargs.setdefault("show_envvar", True)
-    return click.option(*args, **kwargs)
 
 
 @click.command(context_settings={"show_default": True})

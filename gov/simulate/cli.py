@@ -13,30 +13,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gov.cli_common import option
 from gov.db import resolve_url
 from gov.errors import GovError
 from gov.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
 from gov.simulate.engine import simulate as run_simulation
 from gov.simulate.summary import plural, print_summary, to_html
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
-    """gov.cli's ``option`` helper (environment variable shown in --help), restated.
-
-    Importing it from gov.cli would be circular once gov.cli imports this module to
-    register the command; the variables are named explicitly (GOV_SIMULATE_*), the names
-    ``auto_envvar_prefix="GOV"`` gives them under ``gov``, so they also work standalone.
-    """
-    kwargs.setdefault("show_envvar", True)
-    return click.option(*args, **kwargs)
 
 
 def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[int, int, EngineStats], None]:

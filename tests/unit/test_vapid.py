@@ -178,7 +178,9 @@ def test_pem_file_of_a_wrong_curve_names_the_problem_not_the_key(tmp_path: Path)
     ["mailto:ops@example.com", "MAILTO:push-ops+gov@mail.example.co.uk", "https://example.com/c"],
 )
 def test_good_subjects(subject: str) -> None:
-    validate_subject(subject)
+    assert validate_subject(subject) is None  # no refusal
+    signer = VapidSigner(ec.generate_private_key(ec.SECP256R1()), subject)
+    assert signer.subject == subject
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,68 @@
+"""What every `gov` command module shares: env-var options, the database URL, times.
+
+Kept apart from :mod:`gov.cli` so the command modules (gov.cli_ops, gov.bench.cli,
+gov.simulate.cli, gov.soak) can import it without importing gov.cli, which imports
+them to register their commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+
+from gov.errors import GovError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+    """A click option whose GOV_* environment variable is shown in --help."""
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*args, **kwargs)
+
+
+def url_option(fn: F) -> F:
+    return option(
+        "--database-url",
+        envvar="GOV_DATABASE_URL",
+        help="PostgreSQL URL. Without one, an embedded server under $GOV_DATA_DIR (./.gov) is used.",
+    )(fn)
+
+
+def dsn(url: str | None) -> str:
+    """The database to use. The embedded default (no URL given, none in the environment,
+    which click passes as ``url``) is ours: it is brought to head on first use."""
+    from gov import migrate
+    from gov.db import resolve_url, translate_errors
+
+    with translate_errors():
+        resolved = resolve_url(url)
+        if url is None:
+            migrate.upgrade(resolved)
+    return resolved
+
+
+def parse_at(value: str | None) -> datetime | None:
+    """``--at``: an explicit, zone-aware ISO 8601 time instead of the database clock."""
+    if value is None:
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
+    if at.tzinfo is None:
+        raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
+    return at
+
+
+def duration(value: str, what: str) -> timedelta:
+    """A policy-style duration ("7d", "15m") as a timedelta; bad input is a GovError."""
+    from gov.policy import parse_duration
+
+    try:
+        return timedelta(milliseconds=parse_duration(value, what))
+    except ValueError as exc:
+        raise GovError(str(exc)) from None
