@@ -1,0 +1,2 @@
+-- Migration 0009 down.
+SELECT 1;
