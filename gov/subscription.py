@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gov.errors import InvalidSubscription
+from gov.netguard import EndpointGuard
 
 MAX_ENDPOINT_LENGTH = 2048
 P256DH_BYTES = 65
@@ -108,8 +109,11 @@ class Subscription:
 def parse_subscription(data: str | bytes | Mapping[str, Any], *, allow_loopback_http: bool = False) -> Subscription:
     """Validate a PushSubscription (JSON text or already-decoded mapping).
 
-    ``allow_loopback_http`` admits ``http://`` endpoints on a loopback host,
-    for tests against a local push service; it never admits any other host.
+    The endpoint must be https on port 443 to a host that is not an internal address
+    (see :mod:`gov.netguard`; a host name is resolved by :meth:`gov.Governor.subscribe`,
+    not here), and under a ``GOV_PUSH_HOSTS`` suffix when that is set.
+    ``allow_loopback_http`` (test mode) also admits ``http://`` or ``https://`` on any
+    port to a loopback host, for tests against a local push service; never another host.
     Raises :class:`~gov.errors.InvalidSubscription` naming the field at fault.
     """
     if isinstance(data, (str, bytes, bytearray)):
@@ -168,11 +172,10 @@ def _check_endpoint(endpoint: object, allow_loopback_http: bool) -> str:
         raise InvalidSubscription("endpoint: invalid port") from None
     if parts.fragment:
         raise InvalidSubscription("endpoint: must not contain a fragment (#...)")
-    if scheme == "http":
-        if not allow_loopback_http:
-            raise InvalidSubscription("endpoint: must use https://")
-        if not is_loopback_host(host):
-            raise InvalidSubscription("endpoint: http:// is allowed only on a loopback host")
+    # Where it may point (invariant 13): https on 443 to a public address, from the text
+    # alone here; a host name is resolved and checked where the subscription is stored
+    # (Governor.subscribe) and again by the runner when it connects.
+    EndpointGuard.from_env(allow_loopback_http).check_url(endpoint, resolve=False)
     return endpoint
 
 

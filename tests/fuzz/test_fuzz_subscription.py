@@ -1,8 +1,8 @@
 """PushSubscription JSON: random JSON, and real subscriptions with one part made wrong.
 
-Property: ``parse_subscription`` returns a Subscription that obeys every rule (https, or
-http on loopback in test mode only; a 65-byte P-256 point; a 16-byte auth secret) or
-raises ``gov.InvalidSubscription`` naming the field — nothing else. Through
+Property: ``parse_subscription`` returns a Subscription that obeys every rule (https on 443
+to no internal address, or http(s) on loopback in test mode only; a 65-byte P-256 point;
+a 16-byte auth secret) or raises ``gov.InvalidSubscription`` naming the field — nothing else. Through
 ``Governor.subscribe`` against a real database: stored, or refused with nothing written.
 """
 
@@ -108,6 +108,8 @@ def check_parse(data: Any, allow_loopback_http: bool) -> Subscription | None:
     assert parts.scheme.lower() == "https" or (
         allow_loopback_http and parts.scheme.lower() == "http" and is_loopback_host(parts.hostname or "")
     ), sub.endpoint
+    loopback_test_mode = allow_loopback_http and is_loopback_host(parts.hostname or "")
+    assert parts.port in (None, 443) or loopback_test_mode, sub.endpoint
     assert sub.endpoint.isascii() and not any(c <= " " for c in sub.endpoint)
     assert not parts.username and not parts.fragment
     point = b64url_decode(sub.p256dh)
@@ -191,9 +193,11 @@ def test_plain_http_to_loopback_is_refused_outside_test_mode() -> None:
 
 
 @pytest.mark.parametrize("endpoint", ["https://169.254.169.254/latest/meta-data/", "https://10.0.0.5/admin",
-                                      "https://localhost/x", "https://internal.corp.example/x"])
-def test_https_to_an_internal_address_is_accepted(endpoint: str) -> None:
-    """A documented limit (SECURITY.md): "https only" is not an address filter. An https
-    endpoint on an internal address or a name that resolves to one is accepted; the
-    runner would POST an encrypted body there. Egress filtering is the operator's."""
-    assert parse_subscription({**GOOD, "endpoint": endpoint}).endpoint == endpoint
+                                      "https://localhost/x", "https://127.0.0.1:8443/x", "https://[::1]/x",
+                                      "https://192.168.1.1/x", "https://0.0.0.0/x", "https://0x7f000001/x"])
+def test_https_to_an_internal_address_is_refused(endpoint: str) -> None:
+    """Only push services are reachable (invariant 13, SECURITY.md): an https endpoint on an
+    internal address is refused when parsed; a name that resolves to one is refused where
+    the subscription is stored (Governor.subscribe) and again by the runner at connect time."""
+    with pytest.raises(InvalidSubscription, match="endpoint: "):
+        parse_subscription({**GOOD, "endpoint": endpoint})
