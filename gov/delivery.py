@@ -25,6 +25,7 @@ from typing import Any
 import requests
 
 from gov.db import Source
+from gov.netguard import EndpointGuard, EndpointRefused, guarded_session
 from gov.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
 from gov.queries import q
 from gov.subscription import Subscription, origin_of
@@ -91,6 +92,7 @@ class Dispatcher:
         backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
         clock: Callable[[], datetime] | None = None,
         name: str | None = None,
+        allow_loopback_http: bool | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -107,6 +109,8 @@ class Dispatcher:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.topic_secret = signer.derived_secret(b"gov topic")
         self._local = threading.local()
+        # invariant 13: test mode (loopback, http) only when asked for, else GOV_ALLOW_LOOPBACK_HTTP=1
+        self.guard = EndpointGuard.from_env(allow_loopback_http)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch")
 
     def close(self) -> None:
@@ -164,7 +168,7 @@ class Dispatcher:
         # one HTTP session per worker thread: reused connections, never shared (WEBPUSH.md 12)
         session = getattr(self._local, "session", None)
         if session is None:
-            session = self._local.session = requests.Session()
+            session = self._local.session = guarded_session(guard=self.guard)
         return session
 
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
@@ -172,6 +176,10 @@ class Dispatcher:
         origin = origin_of(row.endpoint)
         if row.ttl_s <= 0:
             return _attempt(row, origin, PushOutcome("rejected", error="deadline passed before sending"), "expired")
+        try:  # a stored endpoint that may not be reached ends its row; the connection checks again
+            self.guard.check_url(row.endpoint)
+        except EndpointRefused as exc:
+            return _attempt(row, origin, PushOutcome("rejected", error=f"endpoint refused: {exc.reason}"))
         payload = build_payload(
             row.content["title"],
             row.content.get("body", ""),

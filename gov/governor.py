@@ -13,12 +13,13 @@ from typing import Any
 
 from gov.db import Source
 from gov.message import Decision, Message
+from gov.netguard import EndpointGuard
 from gov.queries import q
 from gov.subscription import parse_subscription
 
 log = logging.getLogger("gov")
 
-ENV_ALLOW_LOOPBACK_HTTP = "GOV_ALLOW_LOOPBACK_HTTP"  # tests only: accept http:// endpoints on 127.0.0.0/8
+ENV_ALLOW_LOOPBACK_HTTP = "GOV_ALLOW_LOOPBACK_HTTP"  # tests only: also admit http(s) to loopback, any port
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class Governor:
                 if self.signer is None:
                     raise ValueError("delivery needs a VAPID signer: Governor(..., signer=VapidSigner.from_env())")
                 self._dispatcher = Dispatcher(
-                    self.source, self.signer, workers=2, clock=self.clock, timeout_s=self.delivery_timeout_s
+                    self.source, self.signer, workers=2, clock=self.clock, timeout_s=self.delivery_timeout_s,
+                    allow_loopback_http=self.allow_loopback_http,
                 )
             return self._dispatcher
 
@@ -202,6 +204,8 @@ class Governor:
         """
         Message(user_id=user_id, id="-", tier="P0")  # the same rules for the user id
         sub = parse_subscription(subscription, allow_loopback_http=self.allow_loopback_http)
+        # every address the host resolves to must be public (invariant 13); the runner checks again
+        EndpointGuard.from_env(self.allow_loopback_http, cache_s=0).check_url(sub.endpoint)
         (row,) = self.source.execute(
             q("subscribe"), {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth}
         )

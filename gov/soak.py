@@ -440,7 +440,7 @@ def _runner_main(dsn: str, key_path: str, start: Any, stop: Any, results: Any) -
     from gov.delivery import Dispatcher
 
     counter = _child_logging()
-    with Dispatcher(dsn, _signer(key_path), workers=8, timeout_s=5.0, lease_s=30.0) as runner:
+    with Dispatcher(dsn, _signer(key_path), workers=8, timeout_s=5.0, lease_s=30.0, allow_loopback_http=True) as runner:
         results.put(("ready", "runner", os.getpid()))
         start.wait()
         runner.run_forever(stop, idle_s=0.1)
@@ -453,7 +453,7 @@ def _releaser_main(dsn: str, key_path: str, start: Any, stop: Any, results: Any)
     from gov.queue import Releaser
 
     counter = _child_logging()
-    with Dispatcher(dsn, _signer(key_path), workers=2, timeout_s=5.0, lease_s=30.0) as runner:
+    with Dispatcher(dsn, _signer(key_path), workers=2, timeout_s=5.0, lease_s=30.0, allow_loopback_http=True) as runner:
         releaser = Releaser(runner.source, dispatcher=runner, batch=200)
         results.put(("ready", "releaser", os.getpid()))
         start.wait()

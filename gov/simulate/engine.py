@@ -174,7 +174,10 @@ def runner_main() -> None:
     clock = SimClock(datetime.fromisoformat(setup["now"]))
     workers = int(setup["workers"])
     # a large claim: one tick's rows are claimed at once, so no worker idles between batches
-    with Dispatcher(setup["dsn"], signer, workers=workers, batch=512, clock=clock) as runner:
+    # allow_loopback_http: the simulated push service is on 127.0.0.1 over plain HTTP, on purpose
+    with Dispatcher(
+        setup["dsn"], signer, workers=workers, batch=512, clock=clock, allow_loopback_http=True
+    ) as runner:
         print(json.dumps("ready"), flush=True)
 
         def handle(command: str, argument: Any) -> Any:
