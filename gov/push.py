@@ -3,27 +3,40 @@
 No database here: :func:`deliver` takes a validated request and returns a
 :class:`PushOutcome` classified by HTTP status (WEBPUSH.md rule 14); deciding
 what to do with the outcome (retire, retry, alarm) is the caller's job.
+
+Every attempt has a *total* deadline (connect, send and read together), not
+only the per-read timeout of ``requests``: a push service that trickles its
+answer one byte at a time would otherwise hold an attempt for as long as it
+likes. A watchdog thread shuts the attempt's socket down when its deadline
+passes (:func:`attempt_deadline`); the runner keeps the deadline shorter than
+its lease (invariant 12). Name resolution is the one step it cannot cut short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import email.utils
 import hashlib
+import heapq
 import hmac
 import http.client
+import itertools
 import json
 import math
+import os
 import re
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import requests
 from pywebpush import WebPusher
+from urllib3.connection import HTTPConnection
 
 from gov.errors import ConfigurationError, InvalidMessage
 from gov.subscription import Subscription, b64url_encode
@@ -157,11 +170,17 @@ def deliver(
 ) -> PushOutcome:
     """Encrypt ``request`` and POST it once to its endpoint; never raises for HTTP.
 
-    ``timeout`` (seconds) bounds the connect and each read; it must be finite
-    (rule 11). ``session`` carries reused connections (rule 12) and must not be
-    shared between threads. pywebpush does the aes128gcm encryption; the POST
-    is made here so every header is explicit (rules 1, 5, 6, 7) and a redirect
-    is never followed (a 301 turned into a GET answered 200 would look accepted).
+    ``timeout`` (seconds, finite, rule 11) is the attempt's *total* deadline:
+    connecting, sending and reading the answer all end by then, whatever the
+    server does (a watchdog shuts the socket down; see :func:`attempt_deadline`).
+    An answer cut off by the deadline is a ``transient`` outcome with error
+    ``"timeout"``; a status line that arrived in time still decides the outcome.
+    ``session`` carries reused connections (rule 12) and must not be shared
+    between threads; its transport is made deadline-aware on first use
+    (:func:`enforce_deadlines`). pywebpush does the aes128gcm encryption; the
+    POST is made here so every header is explicit (rules 1, 5, 6, 7) and a
+    redirect is never followed (a 301 turned into a GET answered 200 would look
+    accepted).
     """
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
         raise ConfigurationError(f"timeout: must be finite seconds > 0 (got {timeout!r})")
@@ -178,38 +197,226 @@ def deliver(
         headers["Topic"] = request.topic
     # encode() makes a fresh salt and ephemeral key for every message (rule 5).
     body = WebPusher(subscription.as_info()).encode(request.payload, "aes128gcm")["body"]
-    try:
-        response = session.post(
-            subscription.endpoint,
-            data=body,
-            headers=headers,
-            timeout=(timeout, timeout),
-            allow_redirects=False,
-            stream=True,  # so that a huge answer body is never buffered whole
-        )
-    except requests.Timeout:
-        return PushOutcome("transient", error="timeout")
-    except requests.ConnectionError as exc:
-        return PushOutcome("transient", error=describe_network_error(exc))
-    except requests.RequestException as exc:
-        # Invalid URL, header or schema: sending again would fail the same way.
-        return PushOutcome("rejected", error=f"request error: {type(exc).__name__}")
-
-    with response:
-        status = response.status_code
-        error = None
+    enforce_deadlines(session, subscription.endpoint)
+    with attempt_deadline(timeout) as deadline:
         try:
-            text = _read_body(response)
-        except (requests.RequestException, OSError) as exc:
-            # The status line arrived; it still decides the outcome.
-            text, error = "", f"body unreadable: {describe_network_error(exc)}"
-        return PushOutcome(
-            classify_status(status),
-            status=status,
-            retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
-            body=text,
-            error=error,
-        )
+            response = session.post(
+                subscription.endpoint,
+                data=body,
+                headers=headers,
+                # per-read as well: the watchdog is the backstop, not the only guard
+                timeout=(timeout, timeout),
+                allow_redirects=False,
+                stream=True,  # so that a huge answer body is never buffered whole
+            )
+        except requests.Timeout:
+            return PushOutcome("transient", error="timeout")
+        except requests.ConnectionError as exc:
+            return PushOutcome("transient", error="timeout" if deadline.expired else describe_network_error(exc))
+        except requests.RequestException as exc:
+            if deadline.expired:
+                return PushOutcome("transient", error="timeout")
+            # Invalid URL, header or schema: sending again would fail the same way.
+            return PushOutcome("rejected", error=f"request error: {type(exc).__name__}")
+
+        with response:
+            status = response.status_code
+            error = None
+            try:
+                text = _read_body(response)
+            except (requests.RequestException, OSError, http.client.HTTPException) as exc:
+                # The status line arrived; it still decides the outcome.
+                reason = "timeout" if deadline.expired else describe_network_error(exc)
+                text, error = "", f"body unreadable: {reason}"
+            return PushOutcome(
+                classify_status(status),
+                status=status,
+                retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
+                body=text,
+                error=error,
+            )
+
+
+# ---------------------------------------------------------------- the total deadline
+
+
+class AttemptDeadline:
+    """The deadline of one attempt and the sockets it uses.
+
+    Each watched socket is held as a duplicate file descriptor, so the number
+    cannot be reused for another connection while the watchdog may still act
+    on it; at the deadline the watchdog shuts the connection down, which wakes
+    any read or write blocked on it. Closed (and its duplicates released) when
+    the attempt ends.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.expired = False
+        self._done = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        """Seconds left (0.0 once past)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock`` down at this deadline (at once if it has passed)."""
+        try:
+            dup = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        except (OSError, ValueError):
+            return  # already closed: nothing left to cut
+        with self._lock:
+            if self._done:
+                dup.close()
+                return
+            self._sockets.append(dup)
+            if self.expired:
+                _shutdown(dup)
+
+    def expire(self) -> None:
+        """Called by the watchdog at the deadline."""
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for dup in self._sockets:
+                _shutdown(dup)
+
+    def close(self) -> None:
+        with self._lock:
+            self._done = True
+            sockets, self._sockets = self._sockets, []
+        for dup in sockets:
+            dup.close()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watchdog:
+    """One daemon thread per process: expires attempts whose deadline has passed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, AttemptDeadline]] = []
+        self._order = itertools.count()
+        self._pid = -1
+
+    def reset(self) -> None:
+        """In a forked child: the parent's thread (and maybe its lock) did not come along."""
+        self._cond = threading.Condition()
+        self._heap = []
+        self._pid = -1
+
+    def add(self, attempt: AttemptDeadline) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # first use: start the thread
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, args=(self._cond,), name="gov-push-watchdog", daemon=True).start()
+            heapq.heappush(self._heap, (attempt.deadline, next(self._order), attempt))
+            self._cond.notify()
+
+    def _run(self, cond: threading.Condition) -> None:
+        with cond:
+            while True:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    cond.wait()
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    cond.wait(wait)
+                    continue
+                _, _, attempt = heapq.heappop(self._heap)
+                attempt.expire()
+
+
+_watchdog = _Watchdog()
+os.register_at_fork(after_in_child=_watchdog.reset)
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def attempt_deadline(seconds: float) -> Iterator[AttemptDeadline]:
+    """Run one attempt under a total deadline of ``seconds``.
+
+    Connections made or reused inside the block by a deadline-aware transport
+    (:func:`enforce_deadlines`) in this thread are shut down when it passes.
+    """
+    attempt = AttemptDeadline(seconds)
+    previous = getattr(_current, "attempt", None)
+    _current.attempt = attempt
+    _watchdog.add(attempt)
+    try:
+        yield attempt
+    finally:
+        _current.attempt = previous
+        attempt.close()
+
+
+def watch_socket(sock: socket.socket) -> None:
+    """Put ``sock`` under the current thread's attempt deadline, if there is one.
+
+    For transports of one's own: call it on every connection an attempt uses.
+    """
+    attempt = getattr(_current, "attempt", None)
+    if attempt is not None:
+        attempt.watch(sock)
+
+
+class _DeadlineConnection:
+    """Mixed into urllib3 connection classes: every socket they use is watched."""
+
+    sock: Any
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        watch_socket(sock)  # before TLS: a trickled handshake is cut short too
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        if self.sock is not None:  # a reused connection
+            watch_socket(self.sock)
+        return super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+def _with_deadlines(pool_class: Any) -> Any:
+    if getattr(pool_class, "_gov_deadlines", False):
+        return pool_class
+    connection = pool_class.ConnectionCls
+    watched = type(f"Deadline{connection.__name__}", (_DeadlineConnection, connection), {})
+    return type(f"Deadline{pool_class.__name__}", (pool_class,), {"ConnectionCls": watched, "_gov_deadlines": True})
+
+
+def enforce_deadlines(session: requests.Session, url: str) -> None:
+    """Make the transport ``session`` uses for ``url`` honour :func:`attempt_deadline`.
+
+    Wraps the connection classes of that ``requests`` adapter's pool manager
+    (whatever they are: a guarded transport keeps its own connect logic), once.
+    A transport that is not a urllib3 pool manager is left as it is.
+    """
+    adapter = session.get_adapter(url)
+    if getattr(adapter, "_gov_deadlines", False):
+        return
+    manager = getattr(adapter, "poolmanager", None)
+    classes = getattr(manager, "pool_classes_by_scheme", None)
+    if not isinstance(classes, dict):
+        return
+    if not all(isinstance(getattr(c, "ConnectionCls", None), type) and issubclass(c.ConnectionCls, HTTPConnection)
+               for c in classes.values()):
+        return
+    manager.pool_classes_by_scheme = {scheme: _with_deadlines(c) for scheme, c in classes.items()}  # type: ignore[union-attr]
+    manager.clear()  # type: ignore[union-attr]  # pools made before now would keep the old classes
+    adapter._gov_deadlines = True  # type: ignore[attr-defined]
 
 
 def _read_body(response: requests.Response) -> str:
@@ -288,26 +495,31 @@ def build_payload(
     always present (``null`` when ``None``) so the service worker sees one
     fixed shape. ``id`` is always a string: a 64-bit database id as a JSON
     number would lose precision in JavaScript, and the id is what makes a
-    duplicate delivery recognisable. Raises
+    duplicate delivery recognisable.
+
+    ``count`` marks a collapsed summary (``data.count``: how many held
+    messages it stands for). The size is checked here, where the payload is
+    final: a summary that would not fit with its count goes without its body
+    text (title, tag and data are kept) rather than not at all. Raises
     :class:`~gov.errors.InvalidMessage` when the title is empty or the
-    result exceeds :data:`MAX_PAYLOAD_BYTES`.
+    result still exceeds :data:`MAX_PAYLOAD_BYTES`.
     """
     if not isinstance(title, str) or not title.strip():
         # Every push must show a notification, and it needs a title.
         raise InvalidMessage("title: must be a non-empty string")
     if isinstance(message_id, bool) or not isinstance(message_id, str | int) or message_id == "":
         raise InvalidMessage("message id: must be a non-empty string or an integer")
-    document = {
-        "title": title,
-        "body": body,
-        "tag": tag,
-        "data": {"url": url, "tier": tier, "id": str(message_id)},
-    }
+    data: dict[str, Any] = {"url": url, "tier": tier, "id": str(message_id)}
+    document: dict[str, Any] = {"title": title, "body": body, "tag": tag, "data": data}
     if count is not None:
         # a collapsed summary: how many held messages it stands for
-        document["data"]["count"] = count  # type: ignore[index]
+        data["count"] = count
     # ensure_ascii=False: UTF-8 is smaller than \u escapes, and the budget is in bytes.
     encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(encoded) > MAX_PAYLOAD_BYTES and count is not None and body:
+        # a summary grew past the budget with its count: the count and the title carry it
+        document["body"] = ""
+        encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(encoded) > MAX_PAYLOAD_BYTES:
         raise InvalidMessage(f"payload: {len(encoded)} bytes, more than the {MAX_PAYLOAD_BYTES} allowed")
     return encoded

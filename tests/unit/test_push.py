@@ -421,6 +421,22 @@ def test_build_payload_refusals() -> None:
         build_payload("t", "é" * 2000, None, None, "bulk", 1)  # 4000 bytes of UTF-8
 
 
+def test_a_summary_that_would_not_fit_with_its_count_drops_its_body() -> None:
+    empty = len(build_payload("Digest", "", "digest", "/d", "P3", "m9"))
+    body = "b" * (MAX_PAYLOAD_BYTES - empty)  # the message alone fills the budget exactly
+    assert len(build_payload("Digest", body, "digest", "/d", "P3", "m9")) == MAX_PAYLOAD_BYTES
+    summary = build_payload("Digest", body, "digest", "/d", "P3", "m9", count=12)
+    assert len(summary) <= MAX_PAYLOAD_BYTES
+    assert json.loads(summary) == {
+        "title": "Digest", "body": "", "tag": "digest", "data": {"url": "/d", "tier": "P3", "id": "m9", "count": 12},
+    }
+    # one that fits with its count keeps its body
+    assert json.loads(build_payload("Digest", "short", "digest", "/d", "P3", "m9", count=12))["body"] == "short"
+    # a title too long to fit even without the body: refused, with the size
+    with pytest.raises(InvalidMessage, match="bytes"):
+        build_payload("T" * (MAX_PAYLOAD_BYTES - empty + 6), "", "digest", "/d", "P3", "m9", count=12)
+
+
 # -- the push service refuses what it must (hand-built requests) ----------------------
 
 
