@@ -237,7 +237,8 @@ def send(
 @option("--once", is_flag=True, help="Deliver what is due now, then exit (for cron and tests).")
 @option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests.")
 @option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
-@option("--timeout", type=click.FloatRange(0.1), default=10.0, help="HTTP connect/read timeout, seconds.")
+@option("--timeout", type=click.FloatRange(0.1), default=10.0,
+        help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
 @option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
 @_url_option
 def dispatch(once: bool, workers: int, lease: float, timeout: float, idle: float, database_url: str | None) -> None:

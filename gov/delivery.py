@@ -1,21 +1,44 @@
 """The runner: claims outbox rows, delivers them through Web Push, records every outcome.
 
-Claim model: a *committed lease* (gov.claim_outbox_v1). A worker marks rows
+Claim model: a *committed lease* (gov.claim_outbox_v2). A worker marks rows
 ``sending`` until ``lease_until`` and commits before any HTTP call, so no transaction
 stays open during network I/O. A worker that dies leaves its rows leased; when the
-lease runs out another runner reclaims them. Delivery is therefore at least once: a
-worker killed after the push service accepted a message but before it recorded so
-will have that message sent again. Duplicates are made harmless by a stable Topic and
-notification tag and the message id in the payload.
+lease runs out another runner reclaims them.
+
+One runner per row at a time (invariant 12):
+
+* every attempt has a *total* deadline (connect, send and read: ``timeout_s``, enforced
+  by a watchdog that shuts the socket down, see :mod:`gov.push`), and a runner refuses
+  a timeout that is not shorter than its lease;
+* a batch starts an attempt only while a whole ``timeout_s`` still fits in its lease
+  (less a margin kept for recording); the rows it has no time left for are handed back
+  unsent (``released``), so no attempt outlives the lease it was made under;
+* every claim increments the row's ``claim_token`` (a fencing token), and an outcome is
+  recorded only with the token of the claim that still holds the row: a runner whose
+  lease ran out and whose row was claimed again records nothing (``stale``), so it can
+  never overwrite or duplicate the new holder's work.
+
+What remains is the at-least-once window: a runner killed (or cut off from the
+database) after the push service accepted a message (201) but before its record
+committed leaves the row leased; when the lease runs out another runner sends it
+again. Nothing else sends a row twice. Duplicates are made harmless by a stable Topic
+and notification tag and the message id in the payload.
+
+Failure stays with its row (invariant 10): whatever goes wrong building, encrypting or
+sending one row ends that row (``failed``, with the reason) and never the batch. A 404
+or 410 retires the endpoint at once: its other rows in the batch are not sent, and its
+rows still to do elsewhere end ``gone`` (gov.record_attempt_v2).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +48,7 @@ from typing import Any
 import requests
 
 from gov.db import Source
+from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, GovError, InvalidMessage, PoolTimeout
 from gov.netguard import EndpointGuard, EndpointRefused, guarded_session
 from gov.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
 from gov.queries import q
@@ -34,7 +58,8 @@ from gov.vapid import VapidSigner
 log = logging.getLogger("gov.delivery")
 
 DEFAULT_LEASE_S = 60.0  # seconds a claimed row stays ours before another runner may take it
-DEFAULT_TIMEOUT_S = 10.0  # seconds for connect and for each read: never infinite (WEBPUSH.md 11)
+DEFAULT_TIMEOUT_S = 10.0  # seconds for a whole attempt (connect, send, read): never infinite (WEBPUSH.md 11)
+LEASE_MARGIN_S = 1.0  # at most this much of a lease is kept back for recording the batch
 DEFAULT_WORKERS = 8  # concurrent HTTP requests per runner: throughput comes from concurrency
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_BACKOFF_MS = 1000  # first retry after about a second, doubling
@@ -56,18 +81,19 @@ class DispatchStats:
 @dataclass(frozen=True)
 class _Claimed:
     outbox_id: int
+    claim_token: int  # the fencing token of this claim: required to record its outcome
     user_id: str
     message_id: str
-    tier: str
+    tier: str | None
     attempts: int
     subscription_id: int
     endpoint: str
     p256dh: str
     auth: str
-    content: dict[str, Any]
+    content: dict[str, Any] | None
     collapse_key: str | None
     ttl_s: int
-    urgency: str
+    urgency: str | None
 
 
 class Dispatcher:
@@ -76,6 +102,10 @@ class Dispatcher:
     ``clock`` (a callable returning an aware datetime) replaces the database clock for
     deciding what is due and when to retry: the simulation clock of tests and
     ``gov simulate``. Several dispatchers, in one process or many, may drain one outbox.
+
+    ``timeout_s`` is the total deadline of one attempt and must be shorter than
+    ``lease_s`` (:class:`~gov.errors.ConfigurationError` otherwise). ``batch`` defaults
+    to as many rows as ``workers`` can attempt within one lease (at most 4 each).
     """
 
     def __init__(
@@ -96,12 +126,16 @@ class Dispatcher:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        check_deadlines(lease_s, timeout_s)
         self.source = source if isinstance(source, Source) else Source(source, pool_size=workers + 1)
         self.signer = signer
         self.workers = workers
-        self.batch = batch or workers * 4
+        self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
         self.timeout_s = timeout_s
+        # kept back at the end of each lease for recording: between the two, every attempt fits
+        self.margin_s = min(LEASE_MARGIN_S, (lease_s - timeout_s) / 2)
+        self.batch = batch or workers * max(1, min(4, int((lease_s - self.margin_s) // timeout_s)))
         self.max_attempts = max_attempts
         self.backoff_ms = backoff_ms
         self.backoff_cap_ms = backoff_cap_ms
@@ -140,15 +174,24 @@ class Dispatcher:
         stats = DispatchStats()
         remaining = None if ids is None else set(ids)
         while remaining is None or remaining:
+            began = time.monotonic()  # the lease starts after this, at the claim
             claimed = self.claim(self.batch, None if remaining is None else sorted(remaining))
             if not claimed:
                 break
-            attempts = list(self._pool.map(self._deliver_one, claimed))
-            for state in self._record(attempts):
+            lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
+            groups = list(_by_subscription(claimed))
+            attempts = [a for done in self._pool.map(self._deliver_group, groups, [lease_ends] * len(groups))
+                        for a in done]
+            states = self._record(attempts)
+            for state in states:
                 stats.add(state)
             if remaining is not None:
                 # each given row is attempted once here; what failed waits for its retry time
                 remaining -= {row.outbox_id for row in claimed}
+            elif all(state == "released" for state in states):
+                log.warning("no attempt fitted in the lease; leaving the rows to the next round",
+                            extra={"action": "lease_too_short"})
+                break
         return stats
 
     def run_forever(self, stop: threading.Event, idle_s: float = 1.0) -> None:
@@ -171,8 +214,52 @@ class Dispatcher:
             session = self._local.session = guarded_session(guard=self.guard)
         return session
 
+    def _deliver_group(self, rows: list[_Claimed], lease_ends: float) -> list[dict[str, Any]]:
+        """Send one endpoint's rows of a batch, in order; return their attempts.
+
+        An attempt starts only while a whole timeout still fits before ``lease_ends``
+        (monotonic seconds); a row with no time left is handed back unsent. After a
+        404/410 the endpoint's other rows are not sent: they end ``gone`` with it.
+        """
+        attempts: list[dict[str, Any]] = []
+        gone: dict[str, Any] | None = None
+        for row in rows:
+            if gone is not None:
+                error = f"not sent: the endpoint answered {gone['status']} to message {gone['message_id']}"
+                attempts.append(_attempt(row, gone["origin"], PushOutcome("gone", status=gone["status"], error=error)))
+            elif lease_ends - time.monotonic() < self.timeout_s:
+                attempts.append(_attempt(row, "", PushOutcome("transient"), "released"))
+            else:
+                attempt = self._deliver_one(row)
+                attempts.append(attempt)
+                if attempt["outcome"] == "gone":
+                    gone = {**attempt, "message_id": row.message_id}
+        return attempts
+
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
-        """Send one claimed row; return its attempt, recorded with the batch's."""
+        """Send one claimed row; return its attempt, recorded with the batch's.
+
+        Never raises: whatever goes wrong with this row (content that cannot be built,
+        a payload that does not fit, a key that does not encrypt, a bug) ends this row
+        ``failed`` with the reason, and the batch goes on (invariant 10).
+        """
+        try:
+            return self._send(row)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, GovError) else f"{type(exc).__name__}: {exc}"
+            log.error(
+                "message %s for user %s cannot be sent: %s",
+                row.message_id,
+                row.user_id,
+                reason,
+                exc_info=not isinstance(exc, GovError),
+                extra={"action": "delivery_failed"},
+            )
+            return _attempt(row, _origin(row.endpoint), PushOutcome("rejected", error=reason))
+
+    def _send(self, row: _Claimed) -> dict[str, Any]:
+        if row.content is None or row.tier is None:
+            raise InvalidMessage("no content stored for this message")
         origin = origin_of(row.endpoint)
         if row.ttl_s <= 0:
             return _attempt(row, origin, PushOutcome("rejected", error="deadline passed before sending"), "expired")
@@ -181,8 +268,8 @@ class Dispatcher:
         except EndpointRefused as exc:
             return _attempt(row, origin, PushOutcome("rejected", error=f"endpoint refused: {exc.reason}"))
         payload = build_payload(
-            row.content["title"],
-            row.content.get("body", ""),
+            row.content.get("title"),  # type: ignore[arg-type]  # checked there
+            row.content.get("body") or "",
             row.collapse_key or row.message_id,
             row.content.get("url"),
             row.tier,
@@ -196,7 +283,7 @@ class Dispatcher:
             urgency=row.urgency or "normal",
             topic=topic_for(row.collapse_key, self.topic_secret) if row.collapse_key else None,
         )
-        outcome = deliver(request, self.signer, self._session(), timeout=self.timeout_s)
+        outcome = deliver(request, self.signer, self._session(), timeout=self.timeout_s)  # the total deadline
         if outcome.kind == "rejected":
             log.error(
                 "push service refused message %s for user %s: %s %s",
@@ -216,27 +303,93 @@ class Dispatcher:
         return _attempt(row, origin, outcome)
 
     def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
-        """Record a batch's attempts in one call and one commit; return each row's new state."""
-        rows = self.source.execute(
-            q("record_attempts"),
-            {
-                "worker": self.name,
-                "attempts": json.dumps(attempts),
-                "max_attempts": self.max_attempts,
-                "backoff_ms": self.backoff_ms,
-                "backoff_cap_ms": self.backoff_cap_ms,
-                "now": self._now(),
-            },
+        """Record a batch's attempts in one call and one commit; return each row's new state.
+
+        Fenced by each claim's token: a row this runner no longer holds is ``stale`` (its
+        attempt is not recorded; reported here). Should the batch's call fail on one row's
+        data, each attempt is recorded alone, and a row that cannot be recorded even so
+        is failed with the reason: one row never keeps the others' outcomes unrecorded.
+        """
+        if not attempts:
+            return []
+        attempts = sorted(attempts, key=lambda a: int(a["outbox_id"]))  # the order the database records in
+        try:
+            rows = self.source.execute(q("record_attempts"), self._record_params(attempts))
+            states = [str(state) for _, state in rows]
+        except (ConnectionLost, PoolTimeout):
+            raise
+        except DatabaseError:
+            log.exception("recording a batch failed; recording its attempts one by one",
+                          extra={"action": "record_batch_error"})
+            states = [self._record_alone(attempt) for attempt in attempts]
+        for attempt, state in zip(attempts, states, strict=True):
+            if state == "stale":
+                log.warning(
+                    "outbox row %s: lease lost to another runner; outcome %s not recorded",
+                    attempt["outbox_id"],
+                    attempt["outcome"],
+                    extra={"action": "stale_record"},
+                )
+        return states
+
+    def _record_alone(self, attempt: dict[str, Any]) -> str:
+        try:
+            ((_, state),) = self.source.execute(q("record_attempts"), self._record_params([attempt]))
+        except (ConnectionLost, PoolTimeout):
+            raise
+        except DatabaseError as exc:
+            failed = {**attempt, "outcome": "rejected", "status": None, "retry_after_ms": None,
+                      "error": f"outcome {attempt['outcome']!r} could not be recorded: {exc}"[:2000]}
+            ((_, state),) = self.source.execute(q("record_attempts"), self._record_params([failed]))
+        return str(state)
+
+    def _record_params(self, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "attempts": json.dumps(attempts),
+            "max_attempts": self.max_attempts,
+            "backoff_ms": self.backoff_ms,
+            "backoff_cap_ms": self.backoff_cap_ms,
+            "now": self._now(),
+        }
+
+
+def check_deadlines(lease_s: float, timeout_s: float) -> None:
+    """Refuse a runner whose attempts could outlive their lease (invariant 12)."""
+    for name, value in (("lease", lease_s), ("timeout", timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ConfigurationError(f"{name}: must be finite seconds > 0 (got {value!r})")
+    if timeout_s >= lease_s:
+        raise ConfigurationError(
+            f"timeout {timeout_s:g} s must be shorter than the lease {lease_s:g} s: an attempt must end "
+            "before another runner may claim its row"
         )
-        return [str(state) for _, state in rows]
+
+
+def _by_subscription(rows: list[_Claimed]) -> list[list[_Claimed]]:
+    """A batch's rows by endpoint, each in claim order: one worker sends one endpoint's rows."""
+    groups: dict[int, list[_Claimed]] = {}
+    for row in rows:
+        groups.setdefault(row.subscription_id, []).append(row)
+    return list(groups.values())
+
+
+def _origin(endpoint: str) -> str:
+    try:
+        return origin_of(endpoint)
+    except Exception:  # an endpoint that is not even a URL still gets its row ended
+        return ""
 
 
 def _attempt(row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None = None) -> dict[str, Any]:
     retry_ms = int(outcome.retry_after_s * 1000) if outcome.retry_after_s is not None else None
     # the answer's body is kept only for refusals, where it says what to fix
     error = outcome.error or (outcome.body if outcome.kind in ("rejected", "unauthorized") else None)
+    if error is not None:
+        error = error.replace("\x00", "\ufffd")[:2000]  # a NUL cannot be stored: it must not sink the batch
     return {
         "outbox_id": row.outbox_id,
+        "claim_token": row.claim_token,
         "origin": origin,
         "outcome": kind or outcome.kind,
         "status": outcome.status,

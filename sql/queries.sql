@@ -78,12 +78,12 @@ SELECT allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
 SELECT gov.subscribe_v1(%(user_id)s, %(endpoint)s, %(p256dh)s, %(auth)s);
 
 -- name: claim_outbox
-SELECT outbox_id, user_id, message_id, tier, attempts, subscription_id, endpoint, p256dh, auth,
+SELECT outbox_id, claim_token, user_id, message_id, tier, attempts, subscription_id, endpoint, p256dh, auth,
        content, collapse_key, ttl_s, urgency
-  FROM gov.claim_outbox_v1(%(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)s);
+  FROM gov.claim_outbox_v2(%(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)s);
 
 -- name: record_attempt
-SELECT gov.record_attempt_v1(%(outbox_id)s, %(worker)s, %(origin)s, %(outcome)s, %(status)s,
+SELECT gov.record_attempt_v2(%(outbox_id)s, %(claim_token)s, %(worker)s, %(origin)s, %(outcome)s, %(status)s,
                              %(retry_after_ms)s, %(error)s, %(max_attempts)s, %(backoff_ms)s,
                              %(backoff_cap_ms)s, %(now)s);
 
@@ -108,5 +108,5 @@ ON CONFLICT (user_id) DO UPDATE
 SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_id)s;
 
 -- name: record_attempts
-SELECT outbox_id, state FROM gov.record_attempts_v1(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
+SELECT outbox_id, state FROM gov.record_attempts_v2(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
                                                     %(backoff_cap_ms)s, %(now)s);

@@ -211,6 +211,8 @@ CREATE TABLE gov.message_content (
 -- One row per (message, live endpoint), written in the decision's transaction.
 -- Claimed with a committed lease (no transaction held across the HTTP call): a dead
 -- worker's row is reclaimed when its lease runs out, so delivery is at least once.
+-- claim_token is the fencing token: every claim increments it, and an outcome is
+-- recorded only with the token of the claim that still holds the row (invariant 12).
 CREATE TABLE gov.outbox (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     user_id         text        NOT NULL,
@@ -225,12 +227,15 @@ CREATE TABLE gov.outbox (
     last_error      text,
     created_at      timestamptz NOT NULL,
     finished_at     timestamptz,
+    claim_token     bigint      NOT NULL DEFAULT 0,
     CONSTRAINT outbox_state_known CHECK (state IN ('pending', 'sending', 'delivered', 'failed', 'gone', 'expired')),
     CONSTRAINT outbox_lease_while_sending CHECK ((state = 'sending') = (lease_until IS NOT NULL)),
     CONSTRAINT outbox_one_row_per_endpoint UNIQUE (user_id, message_id, subscription_id)
 );
 -- the runner's claim scans only rows still to do
 CREATE INDEX outbox_due ON gov.outbox (next_attempt_at) WHERE state IN ('pending', 'sending');
+-- a 404/410 ends the endpoint's other rows still to do at once
+CREATE INDEX outbox_subscription_todo ON gov.outbox (subscription_id) WHERE state IN ('pending', 'sending');
 
 -- Every attempt's outcome, for operators and analysts.
 CREATE TABLE gov.delivery_attempts (
@@ -274,11 +279,16 @@ $$;
 -- gov.send_v1 (decide + fan-out + hold) lives in 10_decide.sql.
 
 -- Claim due outbox rows for one worker: pending rows whose time has come, and rows
--- whose lease ran out (their worker died). SKIP LOCKED lets runners claim side by side
--- without waiting on each other; the lease is committed, so no transaction stays open
--- across the HTTP call. Rows past their message's deadline are expired here, not sent.
+-- whose lease ran out (their worker died or overran). SKIP LOCKED lets runners claim
+-- side by side without waiting on each other; the lease is committed, so no transaction
+-- stays open across the HTTP call. Every claim increments the row's claim_token, the
+-- fencing token gov.record_attempt_v2 requires: a runner whose lease ran out and whose
+-- row was claimed again can no longer record anything for it. A row whose endpoint was
+-- retired meanwhile (a 404/410 for another message) ends 'gone' here, unsent and not
+-- returned. Content, message and tier are joined loosely, so a row whose content is
+-- missing is returned (and failed by the runner) rather than claimed and lost.
 -- p_ids restricts the claim to given rows (gov.send's immediate attempt).
-CREATE FUNCTION gov.claim_outbox_v1(
+CREATE FUNCTION gov.claim_outbox_v2(
     p_worker   text,
     p_limit    integer,
     p_lease_ms bigint,
@@ -286,6 +296,7 @@ CREATE FUNCTION gov.claim_outbox_v1(
     p_ids      bigint[]    DEFAULT NULL
 ) RETURNS TABLE (
     outbox_id       bigint,
+    claim_token     bigint,
     user_id         text,
     message_id      text,
     tier            text,
@@ -306,47 +317,63 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'claim limit must be positive, got %', p_limit USING ERRCODE = '22023';
     END IF;
+    IF p_lease_ms IS NULL OR p_lease_ms < 1 THEN
+        RAISE EXCEPTION 'lease must be positive, got % ms', p_lease_ms USING ERRCODE = '22023';
+    END IF;
     RETURN QUERY
     WITH due AS (
-        SELECT o.id
+        SELECT o.id, s.retired_at IS NOT NULL AS retired
           FROM gov.outbox o
+          JOIN gov.subscriptions s ON s.id = o.subscription_id
          WHERE ((o.state = 'pending' AND o.next_attempt_at <= v_now)
              OR (o.state = 'sending' AND o.lease_until <= v_now))
            AND (p_ids IS NULL OR o.id = ANY (p_ids))
          ORDER BY o.next_attempt_at, o.id
          LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
+           FOR UPDATE OF o SKIP LOCKED
     ), claimed AS (
         UPDATE gov.outbox o
-           SET state = 'sending', attempts = o.attempts + 1, leased_by = p_worker,
-               lease_until = v_now + p_lease_ms * interval '1 millisecond'
+           SET state       = CASE WHEN due.retired THEN 'gone' ELSE 'sending' END,
+               attempts    = o.attempts + CASE WHEN due.retired THEN 0 ELSE 1 END,
+               claim_token = o.claim_token + 1,
+               leased_by   = CASE WHEN due.retired THEN NULL ELSE p_worker END,
+               lease_until = CASE WHEN due.retired THEN NULL
+                                  ELSE v_now + p_lease_ms * interval '1 millisecond' END,
+               finished_at = CASE WHEN due.retired THEN v_now ELSE o.finished_at END,
+               last_error  = CASE WHEN due.retired THEN 'not sent: the endpoint was retired' ELSE o.last_error END
           FROM due
          WHERE o.id = due.id
-        RETURNING o.*
+        RETURNING o.*, due.retired
     )
-    SELECT c.id, c.user_id, c.message_id, m.tier, c.attempts, s.id, s.endpoint, s.p256dh, s.auth,
+    SELECT c.id, c.claim_token, c.user_id, c.message_id, m.tier, c.attempts, s.id, s.endpoint, s.p256dh, s.auth,
            mc.content, mc.collapse_key,
            greatest(0, floor(extract(epoch FROM mc.expires_at - v_now)))::integer,
            t.urgency
       FROM claimed c
       JOIN gov.subscriptions s ON s.id = c.subscription_id
-      JOIN gov.messages m ON m.user_id = c.user_id AND m.message_id = c.message_id
-      JOIN gov.message_content mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
+      LEFT JOIN gov.messages m ON m.user_id = c.user_id AND m.message_id = c.message_id
+      LEFT JOIN gov.message_content mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
       LEFT JOIN gov.tiers t ON t.tier = m.tier
+     WHERE NOT c.retired
      ORDER BY c.id;
 END;
 $$;
 
 -- Record one attempt's outcome and move the outbox row on:
 --   accepted → delivered; gone → retire the subscription (matching id AND endpoint, so
---   a just-refreshed endpoint survives a late 410) and stop every row still to do for
---   it; throttled → retry after Retry-After; transient/unauthorized → capped
---   exponential backoff with jitter, failed after p_max_attempts; rejected → failed;
---   expired → expired. Nothing is retried past the message's deadline.
--- A worker whose lease was taken over still has its attempt logged, but the row's
--- state belongs to the lease holder.
-CREATE FUNCTION gov.record_attempt_v1(
+--   a just-refreshed endpoint survives a late 410) and end every other row still to do
+--   for it 'gone', unsent, whoever holds it; throttled → retry after Retry-After;
+--   transient/unauthorized → capped exponential backoff with jitter, failed after
+--   p_max_attempts; rejected → failed; expired → expired; released → handed back unsent
+--   (the runner had no time left in its lease to attempt it: pending again, the claim's
+--   attempt not counted, nothing logged). Nothing is retried past the message's deadline.
+-- Fenced (invariant 12): only the claim that still holds the row records. A record
+-- whose claim token is no longer the row's (its lease ran out and another runner claimed
+-- the row), or for a row no longer being sent, changes nothing, logs nothing, and returns
+-- 'stale' ('gone' when the row was ended by its endpoint's 404/410).
+CREATE FUNCTION gov.record_attempt_v2(
     p_outbox_id      bigint,
+    p_claim_token    bigint,
     p_worker         text,
     p_origin         text,
     p_outcome        text,
@@ -368,23 +395,23 @@ DECLARE
 BEGIN
     SELECT * INTO v_row FROM gov.outbox o WHERE o.id = p_outbox_id FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no outbox row %', p_outbox_id USING ERRCODE = '22023';
+        RETURN 'stale';
     END IF;
+    IF v_row.state <> 'sending' OR v_row.claim_token IS DISTINCT FROM p_claim_token THEN
+        RETURN CASE WHEN v_row.state = 'gone' THEN 'gone' ELSE 'stale' END;
+    END IF;
+
+    IF p_outcome = 'released' THEN
+        UPDATE gov.outbox
+           SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL
+         WHERE id = p_outbox_id;
+        RETURN 'released';
+    END IF;
+
     INSERT INTO gov.delivery_attempts (outbox_id, user_id, message_id, subscription_id, origin, worker,
                                        outcome, status, retry_after_ms, error, attempted_at)
     VALUES (p_outbox_id, v_row.user_id, v_row.message_id, v_row.subscription_id, p_origin, p_worker,
             p_outcome, p_status, p_retry_after_ms, left(p_error, 2000), v_now);
-
-    IF v_row.state <> 'sending' OR v_row.leased_by IS DISTINCT FROM p_worker THEN
-        IF p_outcome = 'accepted' AND v_row.state IN ('pending', 'sending') THEN
-            -- a late success from a worker whose lease lapsed still counts as delivered
-            UPDATE gov.outbox SET state = 'delivered', lease_until = NULL, leased_by = NULL,
-                                  last_status = p_status, finished_at = v_now
-             WHERE id = p_outbox_id;
-            RETURN 'delivered';
-        END IF;
-        RETURN v_row.state;
-    END IF;
 
     SELECT mc.expires_at INTO v_expires
       FROM gov.message_content mc WHERE mc.user_id = v_row.user_id AND mc.message_id = v_row.message_id;
@@ -397,10 +424,18 @@ BEGIN
         UPDATE gov.subscriptions s
            SET retired_at = v_now, retired_reason = 'push service answered ' || coalesce(p_status::text, 'gone')
          WHERE s.id = v_row.subscription_id AND s.retired_at IS NULL;
+        -- the endpoint's other rows still to do end now, unsent, whoever holds them (their
+        -- holders' records are then fenced off); a row whose holder is recording it right
+        -- now is skipped, not waited for: its next claim ends it, as the endpoint is retired
         UPDATE gov.outbox o
-           SET state = 'gone', finished_at = v_now, lease_until = NULL, leased_by = NULL
-         WHERE o.subscription_id = v_row.subscription_id AND o.id <> p_outbox_id
-           AND o.state = 'pending';
+           SET state = 'gone', finished_at = v_now, lease_until = NULL, leased_by = NULL,
+               last_status = p_status,
+               last_error = 'not sent: the endpoint answered ' || coalesce(p_status::text, 'gone')
+                            || ' to message ' || v_row.message_id
+         WHERE o.id IN (SELECT x.id FROM gov.outbox x
+                         WHERE x.subscription_id = v_row.subscription_id AND x.id <> p_outbox_id
+                           AND x.state IN ('pending', 'sending')
+                           FOR UPDATE SKIP LOCKED);
     ELSIF p_outcome IN ('rejected', 'expired') THEN
         v_state := CASE p_outcome WHEN 'rejected' THEN 'failed' ELSE 'expired' END;
     ELSE

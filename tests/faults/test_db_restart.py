@@ -161,7 +161,7 @@ def test_restart_while_busy(
         Sender(url, f"p{k}-{run}", PATIENT_POOL_TIMEOUT, stop, seed=run * 10 + k) for k in range(3)
     ] + [Sender(url, f"i0-{run}", IMPATIENT_POOL_TIMEOUT, stop, seed=run * 10 + 9)]
     with (
-        GovProcess(["dispatch", "--workers", "4", "--lease", "2", "--timeout", "2", "--idle", "0.05"], env, tmp_path,
+        GovProcess(["dispatch", "--workers", "4", "--lease", "2", "--timeout", "1", "--idle", "0.05"], env, tmp_path,
                    "runner") as runner,
         GovProcess(["release", "--idle", "0.1", "--batch", "50"], env, tmp_path, "releaser") as releaser,
     ):

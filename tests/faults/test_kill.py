@@ -71,7 +71,9 @@ def test_kill_runner_mid_batch(db_url: str, key_path: Path, make_push: Any, tmp_
     assert len(expected) == len(users) * 3
 
     env = gov_env(db_url, key_path)
-    with GovProcess(["dispatch", "--workers", "4", "--lease", "1", "--timeout", "20", "--idle", "0.05"], env,
+    # a whole attempt (the total deadline, 4 s) fits in the lease: the hung requests are
+    # still in flight, under a live lease, when the runner is killed
+    with GovProcess(["dispatch", "--workers", "4", "--lease", "5", "--timeout", "4", "--idle", "0.05"], env,
                     tmp_path, "victim") as victim:
         # mid-batch: the hung requests are in flight, other rows were delivered before them
         wait_for(lambda: sum(1 for r in push.received if r.status is None) == HUNG, 30, "the hung requests")

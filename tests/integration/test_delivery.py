@@ -333,7 +333,7 @@ def test_four_runners_deliver_each_row_exactly_once(
 def test_killed_runner_loses_nothing(db_url: str, push: PushService, key_path: Path,
                                      conn: psycopg.Connection[Any]) -> None:
     endpoints = _fill_outbox(db_url, push, 400)
-    victim = _runner(db_url, key_path, "--workers", "4", "--lease", "1")
+    victim = _runner(db_url, key_path, "--workers", "4", "--lease", "1", "--timeout", "0.5")
     deadline = time.monotonic() + 60
     while len(_deliveries(push)) < 100 and time.monotonic() < deadline:
         time.sleep(0.01)  # watching a real process, not letting time pass
