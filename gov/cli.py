@@ -18,7 +18,7 @@ import psycopg
 
 from gov import migrate, policy
 from gov.cli_common import dsn as _dsn
-from gov.cli_common import option
+from gov.cli_common import option, read_stream, read_text_input
 from gov.cli_common import parse_at as _parse_at
 from gov.cli_common import url_option as _url_option
 from gov.db import resolve_url, stop_embedded, translate_errors
@@ -104,26 +104,25 @@ def policy_show(database_url: str | None) -> None:
 @policy_group.command("apply")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
 @option("--dry-run", is_flag=True, help="Print the diff only; change nothing.")
+@option("--drop-held", is_flag=True,
+        help="If the policy removes a tier whose messages are held or queued, drop them (reason tier_removed).")
 @_url_option
-def policy_apply(file: Path, dry_run: bool, database_url: str | None) -> None:
+def policy_apply(file: Path, dry_run: bool, drop_held: bool, database_url: str | None) -> None:
     """Load a TOML policy FILE, print its diff against the stored one, and store it."""
-    if str(file) == "-":
-        text, name = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, name = file.read_text(encoding="utf-8"), str(file)
-        except OSError as exc:
-            raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise GovError(f"{file}: not UTF-8 text") from None
+    text, name = read_text_input(file)
     new = policy.parse_policy(text, name)
+    for warning in new.warnings():
+        click.echo(f"gov: warning: {warning}", err=True)
     with _connect(database_url) as conn:
         delta = policy.diff(policy.load_stored(conn), new)
         click.echo(delta or "# no change\n", nl=False)
+        retired = policy.apply(conn, new, text, name=name, drop_held=drop_held)
         if dry_run:
+            conn.rollback()
             click.echo("gov: dry run, nothing applied", err=True)
             return
-        policy.apply(conn, new, text)
+    for r in retired:
+        click.echo(f"gov: tier {r.tier} removed: {r.held} held and {r.queued} queued message(s) dropped", err=True)
     click.echo("gov: policy applied", err=True)
 
 
@@ -167,12 +166,13 @@ def _signer() -> Any:
 
 @main.command()
 @option("--user", "user_id", required=True, help="The subscriber's stable user id.")
-@click.argument("file", type=click.File("r"), default="-")
+@click.argument("file", type=click.File("rb"), default="-")
 @_url_option
 def subscribe(user_id: str, file: Any, database_url: str | None) -> None:
     """Store a browser's PushSubscription JSON (FILE, or - for stdin) for a user."""
+    data = read_stream(file, "the subscription")
     with Governor(_dsn(database_url), pool_size=1) as gov:
-        sub_id = gov.subscribe(user_id, file.read())
+        sub_id = gov.subscribe(user_id, data)
     click.echo(json.dumps({"subscription_id": sub_id}))
 
 
@@ -200,7 +200,7 @@ def vapid_generate(path: Path) -> None:
 @option("--url", default=None, help="URL opened on click.")
 @option("--topic", default=None, help="Topic, for per-topic caps.")
 @option("--collapse-key", default=None, help="Messages with one key replace each other (tag and Topic).")
-@option("--ttl", type=click.IntRange(0, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--ttl", type=click.IntRange(1, 28 * 86400), default=None, help="Seconds the push service keeps it.")
 @option("--campaign", default=None, help="Campaign id, logged with a suppression.")
 @option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
 @option("--deliver/--no-deliver", default=True, help="Attempt delivery now (else leave it to gov dispatch).")
@@ -299,7 +299,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
 
 
 @main.command("send-campaign")
-@option("--users", "users_file", type=click.File("r"), required=True, help="User ids, one per line (- for stdin).")
+@option("--users", "users_file", type=click.File("rb"), required=True, help="User ids, one per line (- for stdin).")
 @option("--tier", required=True, help="Priority tier: P0 (transactional) to P3 (digest).")
 @option("--id", "message_id", required=True, help="The campaign message's stable id (one per user).")
 @option("--title", required=True, help="Notification title.")
@@ -307,7 +307,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
 @option("--url", default=None, help="URL opened on click.")
 @option("--topic", default=None, help="Topic, for per-topic caps.")
 @option("--collapse-key", default=None, help="Messages with one key replace each other.")
-@option("--ttl", type=click.IntRange(0, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--ttl", type=click.IntRange(1, 28 * 86400), default=None, help="Seconds the push service keeps it.")
 @option("--campaign", default=None, help="Campaign id, logged with each suppression.")
 @option("--batch", type=click.IntRange(1, 5000), default=500, help="Users per transaction.")
 @option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
@@ -325,7 +325,7 @@ def send_campaign(
         title=title, body=body, url=url, collapse_key=collapse_key, ttl=ttl,
     )
     template.content()
-    user_ids = [line.strip() for line in users_file if line.strip()]
+    user_ids = [line.strip() for line in read_stream(users_file, "--users").splitlines() if line.strip()]
     with Governor(_dsn(database_url), pool_size=1) as gov:
         results = gov.send_many(template, user_ids, at=_parse_at(at), batch=batch)
     outcome = Counter("sent" if r.sent else f"{r.decision.action}:{r.decision.reason}" for _, r in results)

@@ -7,9 +7,11 @@ them to register their commands.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -66,3 +68,22 @@ def duration(value: str, what: str) -> timedelta:
         return timedelta(milliseconds=parse_duration(value, what))
     except ValueError as exc:
         raise GovError(str(exc)) from None
+
+
+def read_stream(stream: IO[bytes], what: str) -> str:
+    """A binary stream's whole text as UTF-8; anything else is a one-line GovError."""
+    try:
+        return stream.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GovError(f"{what}: not UTF-8 text (byte {exc.start} of the input)") from None
+
+
+def read_text_input(file: Path) -> tuple[str, str]:
+    """A FILE argument's text and its name for messages; ``-`` reads stdin."""
+    if str(file) == "-":
+        return read_stream(sys.stdin.buffer, "<stdin>"), "<stdin>"
+    try:
+        with file.open("rb") as stream:
+            return read_stream(stream, str(file)), str(file)
+    except OSError as exc:
+        raise GovError(f"cannot read {file}: {exc.strerror}") from None

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from gov.cli_common import dsn, duration, option, parse_at, url_option
+from gov.cli_common import dsn, duration, option, parse_at, read_text_input, url_option
 from gov.errors import GovError
 
 _dsn = dsn
@@ -199,15 +199,7 @@ def whatif(file: Path, since: str, at: str | None, as_json: bool, database_url: 
     from gov import policy
     from gov import whatif as whatif_mod
 
-    if str(file) == "-":
-        text, name = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, name = file.read_text(encoding="utf-8"), str(file)
-        except OSError as exc:
-            raise GovError(f"cannot read {file}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise GovError(f"{file}: not UTF-8 text") from None
+    text, name = read_text_input(file)
     candidate = policy.parse_policy(text, name)
     result = whatif_mod.whatif(
         _dsn(database_url), candidate, text, since=_duration(since, "--since"), now=_parse_at(at)

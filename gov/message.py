@@ -76,9 +76,11 @@ class Message:
             if value is not None and (not isinstance(value, str) or "\x00" in value or not is_utf8(value)):
                 raise InvalidMessage(f"{name} must be valid Unicode text without NUL bytes")
         if self.ttl is not None and (
-            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 0 <= self.ttl <= MAX_TTL_S
+            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 1 <= self.ttl <= MAX_TTL_S
         ):
-            raise InvalidMessage(f"ttl must be whole seconds from 0 to {MAX_TTL_S}, got {self.ttl!r}")
+            # 0 ("now or never") is refused: its deadline would pass before any runner could
+            # send it, so it would be allowed, counted and never delivered. Use a short TTL.
+            raise InvalidMessage(f"ttl must be whole seconds from 1 to {MAX_TTL_S}, got {self.ttl!r}")
 
     @property
     def tag(self) -> str:

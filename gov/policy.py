@@ -101,6 +101,21 @@ class Policy:
             out.append("")
         return "\n".join(out)
 
+    def warnings(self) -> list[str]:
+        """What is allowed but probably not meant: a collapse tier whose TTL cannot outlive its wait."""
+        out = []
+        for tier in sorted(self.tiers.values(), key=lambda t: t.name):
+            if tier.on_exceed != "collapse":
+                continue
+            longest = max((w.window_ms for c in tier.consumes for w in self.tiers[c].windows), default=0)
+            if tier.ttl_s * 1000 <= longest:
+                out.append(
+                    f"tier {tier.name}: ttl {format_duration(tier.ttl_s * 1000)} is not longer than its "
+                    f"{format_duration(longest)} window: a held {tier.name} message may expire before its "
+                    "group's slot opens (collapse then deletes instead of compressing)"
+                )
+        return out
+
     def default_window_cap(self, scope: str, window_ms: int) -> int | None:
         """The default cap a user's own cap for (scope, window) must not exceed."""
         if scope == "global":
@@ -187,7 +202,7 @@ class _Locator:
                     start = i
                     break
             else:
-                return self._first(key or section.split(".")[-1])
+                return self.first(key or section.split(".")[-1])
         if key is None:
             return start + 1
         key_re = re.compile(r'^\s*"?' + re.escape(key) + r'"?\s*=')
@@ -198,7 +213,8 @@ class _Locator:
                 return i + 1
         return start + 1
 
-    def _first(self, key: str) -> int:
+    def first(self, key: str) -> int:
+        """The first line that names ``key`` (1 when none does)."""
         for i, line in enumerate(self.lines):
             if re.search(r"\b" + re.escape(key) + r"\b", line):
                 return i + 1
@@ -361,6 +377,13 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         jitter_ms = parse_duration(raw_quiet["jitter"], "quiet_hours jitter") if "jitter" in raw_quiet else 0
     except ValueError as exc:
         raise refuse("quiet_hours", None, str(exc)) from None
+    # Invariant 4: P0 is exempt by structure. A policy without it, or with it capped,
+    # deferred or collapsed, would let a one-time passcode be suppressed.
+    if "P0" not in tiers:
+        raise _Refusal(where.first("tiers"), "P0 (transactional) must be defined, with exempt = true")
+    if not tiers["P0"].exempt:
+        raise refuse("tiers.P0", None, "tier P0 (transactional) must be exempt = true: it is never capped, "
+                                       "deferred or quieted")
     return Policy(tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms)
 
 
@@ -416,9 +439,44 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
     )
 
 
-def apply(conn: psycopg.Connection[Any], policy: Policy, source: str) -> None:
-    """Replace the stored policy with ``policy`` in the caller's transaction."""
+@dataclass(frozen=True)
+class Retired:
+    """Messages of a tier the new policy removes: held, and queued for delivery."""
+
+    tier: str
+    held: int
+    queued: int
+
+
+def apply(
+    conn: psycopg.Connection[Any],
+    policy: Policy,
+    source: str,
+    *,
+    name: str = "policy",
+    drop_held: bool = False,
+) -> list[Retired]:
+    """Replace the stored policy with ``policy`` in the caller's transaction.
+
+    A policy that removes a tier while messages of it are held or queued for delivery
+    is refused (:class:`~gov.errors.PolicyError`, ``name:line: reason``) unless
+    ``drop_held``: they then end dropped with reason ``tier_removed``, logged like any
+    suppression. Returns what was (or would have been) retired, per removed tier.
+    """
     conn.execute(q("lock_policy"))
+    stored = {row[0] for row in conn.execute(q("policy_tiers")).fetchall()}
+    removed = sorted(stored - set(policy.tiers))
+    retired: list[Retired] = []
+    if removed:
+        rows = conn.execute(q("retire_tiers"), {"tiers": removed, "drop": drop_held}).fetchall()
+        retired = [Retired(tier, held, queued) for tier, held, queued in rows if held or queued]
+        if retired and not drop_held:
+            what = "; ".join(f"{r.tier}: {r.held} held, {r.queued} queued for delivery" for r in retired)
+            line = _Locator(source).first("tiers")
+            raise PolicyError(
+                f"{name}:{line}: the policy removes tier(s) {', '.join(r.tier for r in retired)} while messages "
+                f"of them wait ({what}); apply with --drop-held to drop them (reason tier_removed)"
+            )
     conn.execute(q("clear_caps"))
     conn.execute(q("clear_consumes"))
     conn.execute(q("clear_tiers"))
@@ -462,6 +520,7 @@ def apply(conn: psycopg.Connection[Any], policy: Policy, source: str) -> None:
         {"quiet_start": policy.quiet_start, "quiet_end": policy.quiet_end, "jitter_ms": policy.jitter_ms},
     )
     conn.execute(q("record_policy_version"), {"source": source})
+    return retired
 
 
 def diff(old: Policy, new: Policy, old_name: str = "stored", new_name: str = "file") -> str:

@@ -1,16 +1,22 @@
 """The releaser: hands held messages back to the decision when their time comes.
 
 Run it from cron (``bin/gov-release``, i.e. ``gov release --once``) or as a loop. Each
-batch is one transaction: rows are taken with SKIP LOCKED, decided again through the
-same decision function, and either queued for delivery, held again, or closed with
-their outcome. A releaser that dies mid-batch rolls back: nothing is lost, and nothing
-is released twice, however many releasers run.
+batch is one call (``gov.release_due_v1``) and one transaction: rows are taken with
+SKIP LOCKED, decided again through the same decision function, and either queued for
+delivery, held again, or closed with their outcome. Each row is handled in its own
+subtransaction, so an error in one (a tier the policy no longer defines, anything
+raised) ends that row ``failed`` with the error text and the rest of the batch goes
+on. A releaser never waits for a user's lock: a row whose user is busy (a decision
+under way) is left due for the next round, so releasers and senders never deadlock.
+A releaser that dies mid-batch rolls back: nothing is lost, and nothing is released
+twice, however many releasers run.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,15 +29,22 @@ from gov.queries import q
 log = logging.getLogger("gov.queue")
 
 DEFAULT_BATCH = 200  # held messages per transaction: short transactions, few round trips
+BUSY_PAUSE_S = 0.05  # seconds to wait before trying rows whose user was busy again
+BUSY_ROUNDS = 40  # rounds of only-busy rows (about 2 s) before leaving them to the next run
 
 
 @dataclass
 class ReleaseStats:
-    """What a release run did: counts by outcome, and the outbox rows it queued."""
+    """What a release run did: counts by outcome, and the outbox rows it queued.
+
+    ``busy`` counts rows left due because their user's lock was held elsewhere until the
+    end of the run (a long transaction of the application's own); the next run takes them.
+    """
 
     outcomes: Counter[str] = field(default_factory=Counter)
     outbox_ids: list[int] = field(default_factory=list)
     delivered: int = 0
+    busy: int = 0
 
     @property
     def handled(self) -> int:
@@ -60,15 +73,35 @@ class Releaser:
         return self.source.execute(q("release_due"), {"limit": self.batch, "now": now})  # type: ignore[return-value]
 
     def run_once(self) -> ReleaseStats:
-        """Release everything due now; deliver it when a dispatcher was given."""
+        """Release everything due now, whatever the batch size; deliver it when a dispatcher was given.
+
+        Batches run until one handles nothing: every handled row either ends or is held
+        again for a later moment, so the loop ends once nothing due is left.
+        """
         stats = ReleaseStats()
+        busy_rounds = 0
         while True:
             rows = self.release_batch()
+            handled = busy = 0
             for _user, _message, state, outcome, ids in rows:
-                stats.outcomes[outcome if state != "waiting" else "waiting"] += 1
+                if state == "busy":
+                    busy += 1
+                    continue
+                handled += 1
+                stats.outcomes[state if state in ("waiting", "failed") else outcome] += 1
                 stats.outbox_ids.extend(ids)
-            if len(rows) < self.batch:
+            if handled:
+                busy_rounds = 0
+                continue
+            if not busy:
                 break
+            busy_rounds += 1
+            if busy_rounds >= BUSY_ROUNDS:
+                stats.busy = busy
+                log.warning("%s held message(s) left due: their users' locks stayed taken", busy,
+                            extra={"action": "release_busy"})
+                break
+            time.sleep(BUSY_PAUSE_S)  # a sender holds the user for a moment: try again shortly
         if self.dispatcher is not None and stats.outbox_ids:
             done = self.dispatcher.run_once(ids=stats.outbox_ids)
             stats.delivered = done.outcomes.get("delivered", 0)

@@ -76,8 +76,20 @@ def parse_quiet(value: str) -> tuple[time, time]:
 
 
 def set_quiet_hours(conn: psycopg.Connection[Any], user_id: str, window: tuple[time, time] | None) -> None:
-    """The user's own quiet window in their local time (None: the policy's default)."""
+    """The user's own quiet window in their local time (None: the policy's default).
+
+    Quiet hours are kept in the user's own time zone, so a window for a user who has
+    none would never apply: it is refused (PolicyError); set the zone first, in the
+    same transaction.
+    """
     _check_user(user_id)
     start, end = window if window else (None, None)
-    with translate_errors():
+    with translate_errors(), conn.transaction():
+        if window is not None:
+            row = conn.execute(q("user_settings"), {"user_id": user_id}).fetchone()
+            if row is None or row[0] is None:
+                raise PolicyError(
+                    f"user {user_id} has no time zone, and quiet hours apply in the user's own time: "
+                    "give one too (--tz Europe/Berlin)"
+                )
         conn.execute(q("set_user_quiet_hours"), {"user_id": user_id, "start": start, "end": end})

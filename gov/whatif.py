@@ -103,7 +103,7 @@ def whatif(
     src, owned = as_source(source)
     try:
         with src.connection() as conn, conn.transaction(force_rollback=True):
-            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml())
+            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True)
             rows = conn.execute(q("whatif_summary"), {"since": since, "now": now}).fetchall()
     finally:
         if owned:

@@ -110,3 +110,6 @@ SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_i
 -- name: record_attempts
 SELECT outbox_id, state FROM gov.record_attempts_v2(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
                                                     %(backoff_cap_ms)s, %(now)s);
+
+-- name: retire_tiers
+SELECT tier, held, queued FROM gov.retire_tiers_v1(%(tiers)s, %(drop)s);

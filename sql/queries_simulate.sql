@@ -106,3 +106,32 @@ SELECT e.event, count(DISTINCT (e.user_id, e.message_id)) AS messages, count(DIS
 -- name: sim_next_release
 -- When the releaser next has something to do (NULL: nothing waits).
 SELECT min(d.release_at) FROM gov.deferred d WHERE d.state = 'waiting';
+
+-- name: sim_collapse_split
+-- Every message of a collapse tier, by what finally became of it: delivered on its own
+-- (at once, or released alone), stood for by a summary that was delivered (the summary
+-- itself counted), still held at the end (a group's carrier, or collapsed into one that
+-- still waits), expired, or anything else (dropped, failed, no endpoint, not delivered).
+WITH c AS (
+    SELECT m.tier, d.state, d.outcome, d.collapsed_into, m.allowed, d.id IS NULL AS never_held,
+           EXISTS (SELECT 1 FROM gov.outbox o
+                    WHERE o.user_id = m.user_id AND o.message_id = m.message_id AND o.state = 'delivered')
+               AS delivered,
+           (SELECT s.state FROM gov.deferred s
+             WHERE s.user_id = d.user_id AND s.message_id = d.collapsed_into) AS carrier_state,
+           EXISTS (SELECT 1 FROM gov.outbox o
+                    WHERE o.user_id = d.user_id AND o.message_id = d.collapsed_into AND o.state = 'delivered')
+               AS summary_delivered
+      FROM gov.messages m
+      JOIN gov.tiers t ON t.tier = m.tier AND t.on_exceed = 'collapse'
+      LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
+)
+SELECT tier,
+       count(*) AS messages,
+       count(*) FILTER (WHERE (never_held AND allowed OR state = 'released') AND delivered) AS alone,
+       count(*) FILTER (WHERE state = 'collapsed' AND summary_delivered) AS summarised,
+       count(*) FILTER (WHERE state = 'waiting' OR (state = 'collapsed' AND carrier_state = 'waiting')) AS held,
+       count(*) FILTER (WHERE state = 'expired') AS expired
+  FROM c
+ GROUP BY tier
+ ORDER BY tier;

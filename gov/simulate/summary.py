@@ -97,6 +97,8 @@ class Summary:
     push_requests: int
     push_decrypted: int
     fatigue: Any = None  # gov.report.FatigueReport, or None when unavailable
+    collapse_split: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (tier, messages, alone, summarised,
+    #                                                                       held, expired) per collapse tier
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
 
     def per_week(self, value: float) -> float:
@@ -164,6 +166,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         except GovError:  # no telemetry table in this schema
             events = ()
         fatigue = _fatigue(source, config)
+        split = tuple((str(t), *(int(x) for x in rest)) for t, *rest in source.execute(q("sim_collapse_split"), {}))
     finally:
         source.close()
     unsubscribed = next((u for e, _, u in events if e == "unsubscribe"), stats.unsubscribed)
@@ -188,6 +191,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         push_requests=stats.push_requests,
         push_decrypted=stats.push_decrypted,
         fatigue=fatigue,
+        collapse_split=split,  # type: ignore[arg-type]
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
     )
 
@@ -236,12 +240,30 @@ def exempt_line(s: Summary) -> Text:
     return text
 
 
+def collapse_lines(s: Summary) -> list[Text]:
+    """Per collapse tier: every message delivered, summarised into a delivered summary, held, or expired."""
+    out = []
+    for tier, messages, alone, summarised, held, expired in s.collapse_split:
+        other = messages - alone - summarised - held - expired
+        share = expired / messages * 100 if messages else 0.0
+        text = Text(f"{tier} (collapse): ", style="bold")
+        text.append(
+            f"{messages:,} messages: {alone:,} delivered on their own, {summarised:,} in delivered summaries, "
+            f"{held:,} held at the end, {expired:,} expired ({share:.1f} %)"
+            + (f", {other:,} other (dropped, failed or not delivered)" if other else ""),
+            style="green" if share <= 5 else "yellow",
+        )
+        out.append(text)
+    return out
+
+
 def render(s: Summary) -> RenderableType:
     """The run's summary as rich renderables (printed to stdout by the CLI)."""
     parts: list[RenderableType] = [Text(headline(s), style="bold"), Text("")]
     parts.append(_rows_table("Per tier", s.by_tier, "tier"))
     parts.append(_rows_table("Per team", s.by_team, "team"))
     parts.append(exempt_line(s))
+    parts.extend(collapse_lines(s))
     parts.append(Text(""))
     rules = Table(title="Top blocking rules", title_justify="left", title_style="bold")
     for name, justify in (("rule", "left"), ("tier", "left"), ("action", "left"), ("suppressed", "right")):

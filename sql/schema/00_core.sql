@@ -55,6 +55,8 @@ CREATE TABLE gov.settings (
     quiet_start   time,
     quiet_end     time,
     jitter_ms     bigint  NOT NULL DEFAULT 0,
+    -- set by gov.prune_sends_v1: send rows from before this may have been deleted
+    pruned_before timestamptz,
     CONSTRAINT settings_single_row CHECK (id),
     CONSTRAINT settings_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL)),
     CONSTRAINT settings_jitter_not_negative CHECK (jitter_ms >= 0)

@@ -21,15 +21,25 @@ CREATE TABLE gov.deferred (
     outcome       text,
     collapsed_into text,
     finished_at   timestamptz,
+    stands_for    integer     NOT NULL DEFAULT 1,
+    error         text,
     CONSTRAINT deferred_kind_known CHECK (kind IN ('defer', 'quiet', 'collapse')),
-    CONSTRAINT deferred_state_known CHECK (state IN ('waiting', 'released', 'expired', 'collapsed', 'dropped')),
+    CONSTRAINT deferred_state_known
+        CHECK (state IN ('waiting', 'released', 'expired', 'collapsed', 'dropped', 'failed')),
     CONSTRAINT deferred_collapse_has_key CHECK (kind <> 'collapse' OR collapse_key IS NOT NULL),
     CONSTRAINT deferred_finished_when_done CHECK ((state = 'waiting') = (finished_at IS NULL)),
-    CONSTRAINT deferred_one_row_per_message UNIQUE (user_id, message_id)
+    CONSTRAINT deferred_one_row_per_message UNIQUE (user_id, message_id),
+    -- a carrier stands for itself and every message collapsed into it
+    CONSTRAINT deferred_stands_for_positive CHECK (stands_for >= 1),
+    -- a failed row says why (an operator reads it; gov check alarms on it)
+    CONSTRAINT deferred_failed_says_why CHECK ((state = 'failed') = (error IS NOT NULL))
 );
 -- the releaser scans only what still waits, in release order
 CREATE INDEX deferred_due ON gov.deferred (release_at) WHERE state = 'waiting';
-CREATE INDEX deferred_collapse_group ON gov.deferred (user_id, collapse_key) WHERE state = 'waiting';
+-- a collapse group (user, key) has one waiting row, its carrier: the newest member
+-- (older members are collapsed into it as soon as it arrives)
+CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
+    WHERE state = 'waiting' AND kind = 'collapse';
 
 -- ---------------------------------------------------------------- quiet hours
 
@@ -44,7 +54,6 @@ DECLARE
     v_start time;
     v_end   time;
     v_local timestamp;
-    v_open  timestamptz;
 BEGIN
     SELECT u.time_zone, coalesce(u.quiet_start, s.quiet_start), coalesce(u.quiet_end, s.quiet_end)
       INTO v_tz, v_start, v_end
@@ -62,12 +71,23 @@ BEGIN
     ELSIF NOT (v_local::time >= v_start OR v_local::time < v_end) THEN  -- the window spans midnight
         RETURN p_at;
     END IF;
-    v_open := (v_local::date + v_end) AT TIME ZONE v_tz;
-    IF v_open <= p_at THEN
-        v_open := (v_local::date + 1 + v_end) AT TIME ZONE v_tz;
-    END IF;
-    RETURN v_open;
+    RETURN coalesce(gov.local_instant(v_local::date + v_end, v_tz, p_at),
+                    gov.local_instant(v_local::date + 1 + v_end, v_tz, p_at));
 END;
+$$;
+
+-- The earliest instant after p_after at which the wall clock in p_tz reads p_local, or
+-- NULL. A local time in the hour repeated when the clocks go back names two instants,
+-- and AT TIME ZONE gives the later one: the earlier one (30 or 60 minutes before, the
+-- shifts zones use) is taken when it reads the same local time. A local time skipped
+-- when the clocks go forward keeps AT TIME ZONE's answer.
+CREATE FUNCTION gov.local_instant(p_local timestamp, p_tz text, p_after timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT min(c.at)
+      FROM (SELECT (p_local AT TIME ZONE p_tz) - shift AS at, shift
+              FROM unnest(ARRAY[interval '0', interval '30 minutes', interval '1 hour']) shift) c
+     WHERE c.at > p_after
+       AND (c.shift = interval '0' OR (c.at AT TIME ZONE p_tz) = p_local)
 $$;
 
 -- A bounded jitter, so held messages do not fire together; derived from the message
@@ -302,6 +322,15 @@ $$;
 -- Put a suppressed message in the queue (or refuse to, with the reason), from the
 -- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
 -- when held, ('drop', reason, NULL) when it cannot be held.
+--
+-- What holds it: a tier whose verb is collapse collapses whatever blocked it (quiet
+-- hours too), a message without a collapse key joining its user's keyless group of
+-- that tier (key ''); quiet hours hold any other tier's message; else the tier's verb.
+-- A collapse group (user, key) is kept alive by its newest member: the newcomer
+-- becomes the group's one waiting row (its carrier, standing for every member), the
+-- old carrier and all it stood for are collapsed into it at once, and the group waits
+-- for the slot the newcomer's decision names. A newcomer whose own deadline passes
+-- before that slot expires alone; the group keeps its carrier.
 CREATE FUNCTION gov.hold(
     p_user_id      text,
     p_message_id   text,
@@ -319,18 +348,25 @@ CREATE FUNCTION gov.hold(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_kind    text;
+    v_key     text := p_collapse_key;
     v_tier    gov.tiers%ROWTYPE;
     v_planned timestamptz;
     v_give_up timestamptz;
-    v_group   gov.deferred%ROWTYPE;
+    v_carrier gov.deferred%ROWTYPE;
 BEGIN
     SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
-    v_kind := CASE WHEN p_reason = 'quiet_hours' THEN 'quiet' ELSE p_action END;
-    IF v_kind NOT IN ('defer', 'quiet', 'collapse') OR (v_kind = 'collapse' AND p_collapse_key IS NULL)
-       OR p_retry_ms IS NULL THEN
-        o_action := 'drop';
+    IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
+        o_action := 'drop';  -- the verb drops, or no slot ever frees (a cap of 0)
         o_reason := p_reason;
         RETURN;
+    END IF;
+    IF v_tier.on_exceed = 'collapse' THEN
+        v_kind := 'collapse';
+        v_key := coalesce(p_collapse_key, '');
+    ELSIF p_reason = 'quiet_hours' THEN
+        v_kind := 'quiet';
+    ELSE
+        v_kind := 'defer';
     END IF;
 
     -- The earliest moment that clears the blocking window and the user's quiet hours.
@@ -349,28 +385,35 @@ BEGIN
     IF o_reason IS NOT NULL THEN
         INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
                                   planned_at, release_at, give_up_at, state, outcome, finished_at)
-        VALUES (p_user_id, p_message_id, p_tier, v_kind, p_collapse_key, p_reason, p_now,
+        VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
                 v_planned, v_planned, v_give_up, 'expired', o_reason, p_now);
         RETURN;
     END IF;
 
-    IF v_kind = 'collapse' THEN
-        -- join the group already waiting under this key: one release for all of them
-        SELECT * INTO v_group FROM gov.deferred d
-         WHERE d.user_id = p_user_id AND d.collapse_key = p_collapse_key AND d.state = 'waiting'
-           AND d.kind = 'collapse'
-         ORDER BY d.id LIMIT 1;
-    END IF;
-    o_action := v_kind;
-    IF v_kind = 'quiet' THEN
-        o_action := 'defer';
-    END IF;
+    o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
     o_reason := p_reason;
-    o_release := coalesce(v_group.release_at, v_planned + gov.release_jitter(p_user_id, p_message_id));
+    -- jitter from the group (not the member), so a group's release time is stable
+    o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
+                                                                THEN '#collapse:' || v_key ELSE p_message_id END);
+    IF v_kind = 'collapse' THEN
+        SELECT * INTO v_carrier FROM gov.deferred d
+         WHERE d.user_id = p_user_id AND d.collapse_key = v_key AND d.kind = 'collapse' AND d.state = 'waiting'
+           FOR UPDATE;
+        IF FOUND THEN
+            -- the newcomer carries the group: the old carrier and everything it stood for
+            -- are collapsed into the newcomer now (first, so one carrier waits at a time)
+            UPDATE gov.deferred d SET collapsed_into = p_message_id
+             WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = v_carrier.message_id;
+            UPDATE gov.deferred d
+               SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+             WHERE d.id = v_carrier.id;
+        END IF;
+    END IF;
     INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
-                              planned_at, release_at, give_up_at)
-    VALUES (p_user_id, p_message_id, p_tier, v_kind, p_collapse_key, p_reason, p_now,
-            v_planned, o_release, v_give_up);
+                              planned_at, release_at, give_up_at, stands_for)
+    VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1);
 END;
 $$;
 
@@ -406,6 +449,12 @@ DECLARE
     v_ids     bigint[];
     v_held    record;
 BEGIN
+    -- A TTL of 0 ("now or never") would be past its deadline before any runner could
+    -- send it: refused, rather than allowed, counted and never delivered.
+    IF p_ttl_s IS NOT NULL AND p_ttl_s < 1 THEN
+        RAISE EXCEPTION 'ttl must be at least 1 second (message % of user %, ttl %)', p_message_id, p_user_id, p_ttl_s
+            USING ERRCODE = 'GV001';
+    END IF;
     SELECT * INTO v_verdict
       FROM gov.decide_core(p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, v_now, false) d;
 
@@ -458,121 +507,146 @@ $$;
 -- ---------------------------------------------------------------- releasing
 
 -- Release what is due: take up to p_limit waiting rows whose time has come (SKIP
--- LOCKED, so concurrent releasers never take one message twice), in user order (so
--- two releasers never wait on each other's user locks in a cycle), and decide each
--- again now through the same decision. Allowed → outbox; still blocked → wait again
--- (or expire past defer_max); past the message's deadline → ttl_expired, not sent.
--- A collapse group is released as ONE summary: the newest message, carrying the
--- count; the others are marked collapsed into it. Returns one row per handled message.
+-- LOCKED, so concurrent releasers never take one message twice) and decide each again
+-- now through the same decision (gov.release_one). Returns one row per row taken.
+--
+-- Locks: a releaser holds the rows it took and takes each user's decision lock with a
+-- try (pg_try_advisory_xact_lock), never a wait. A sender holds the user's lock and may
+-- then wait for a row a releaser holds (a newcomer to a collapse group), so a releaser
+-- that waited for a user lock could close a cycle; one that never waits cannot. A row
+-- whose user is busy is returned as 'busy' and left due for the next round.
+--
+-- Failure stays with its row: each row is handled in its own subtransaction; an error
+-- (a tier the policy no longer defines, content that no longer fits, anything raised)
+-- rolls back that row's work only, and the row ends 'failed' with the error text, with
+-- the messages a collapse carrier stood for. The rest of the batch goes on.
 CREATE FUNCTION gov.release_due_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := coalesce(p_now, clock_timestamp());
-    r_due     record;
-    v_row     gov.deferred%ROWTYPE;
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    r_due     gov.deferred%ROWTYPE;
+    v_done    record;
+    v_error   text;
+    v_handled integer := 0;
+BEGIN
+    -- No LIMIT in the query: a busy row must not take the place of one that can go, so
+    -- the loop counts what it handled and stops at p_limit (rows are locked as fetched).
+    FOR r_due IN
+        SELECT d.*
+          FROM gov.deferred d
+         WHERE d.state = 'waiting' AND d.release_at <= v_now
+         ORDER BY d.release_at, d.id
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_handled >= p_limit;
+        IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
+            RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
+            CONTINUE;
+        END IF;
+        v_handled := v_handled + 1;
+        BEGIN
+            SELECT * INTO v_done FROM gov.release_one(r_due, v_now) r;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+            v_error := left(v_error, 1000);
+            UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = v_now
+             WHERE d.id = r_due.id;
+            UPDATE gov.deferred d
+               SET state = 'failed', outcome = 'failed', finished_at = v_now,
+                   error = format('collapsed into %s, which failed: %s', r_due.message_id, v_error)
+             WHERE d.user_id = r_due.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = r_due.message_id;
+            SELECT 'failed'::text AS o_state, 'failed'::text AS o_outcome, '{}'::bigint[] AS o_outbox_ids
+              INTO v_done;
+        END;
+        RETURN QUERY SELECT r_due.user_id, r_due.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
+    END LOOP;
+END;
+$$;
+
+-- One held row, decided again at p_now (the caller holds the row and the user's lock).
+-- Past the message's deadline → expired (ttl_expired), not sent. Allowed → outbox: a
+-- carrier that stands for several messages goes out as ONE summary, the newest
+-- content with data.count = how many it stands for (its tag and Topic are the key's).
+-- Still blocked → waits again for the new slot, unless the verb now drops it, or the
+-- wait passes defer_max (defer_expired) or the deadline (ttl_expired). A carrier that
+-- ends without being sent takes the messages it stood for with it, to the same state.
+CREATE FUNCTION gov.release_one(
+    p_row        gov.deferred,
+    p_now        timestamptz,
+    OUT o_state      text,
+    OUT o_outcome    text,
+    OUT o_outbox_ids bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
     v_msg     gov.messages%ROWTYPE;
     v_mc      gov.message_content%ROWTYPE;
     v_verdict record;
-    v_ids     bigint[];
-    v_count   integer;
     v_next    timestamptz;
 BEGIN
-    FOR r_due IN
-        SELECT d.id
-          FROM gov.deferred d
-         WHERE d.state = 'waiting' AND d.release_at <= v_now
-         ORDER BY d.user_id, d.release_at, d.id
-         LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
-    LOOP
-        SELECT * INTO v_row FROM gov.deferred d WHERE d.id = r_due.id;
-        CONTINUE WHEN v_row.state <> 'waiting';  -- collapsed into a summary earlier in this batch
+    o_outbox_ids := '{}';
+    SELECT * INTO v_msg FROM gov.messages m WHERE m.user_id = p_row.user_id AND m.message_id = p_row.message_id;
+    SELECT * INTO v_mc FROM gov.message_content c WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+    IF v_msg.user_id IS NULL OR v_mc.user_id IS NULL THEN
+        RAISE EXCEPTION 'held message % of user % has no decision or no content', p_row.message_id, p_row.user_id;
+    END IF;
 
-        IF v_row.kind = 'collapse' THEN
-            -- the group: lock every waiting row under the key; the newest speaks for all
-            PERFORM 1 FROM gov.deferred d
-              WHERE d.user_id = v_row.user_id AND d.collapse_key = v_row.collapse_key
-                AND d.state = 'waiting' AND d.kind = 'collapse'
-              FOR UPDATE;
-            SELECT * INTO v_row FROM gov.deferred d
-             WHERE d.user_id = v_row.user_id AND d.collapse_key = v_row.collapse_key
-               AND d.state = 'waiting' AND d.kind = 'collapse'
-             ORDER BY d.enqueued_at DESC, d.id DESC LIMIT 1;
-        END IF;
-
-        SELECT * INTO v_msg FROM gov.messages m WHERE m.user_id = v_row.user_id AND m.message_id = v_row.message_id;
-        SELECT * INTO v_mc FROM gov.message_content c
-         WHERE c.user_id = v_row.user_id AND c.message_id = v_row.message_id;
-
-        IF v_mc.expires_at <= v_now THEN
-            UPDATE gov.deferred d SET state = 'expired', outcome = 'ttl_expired', finished_at = v_now
-             WHERE d.user_id = v_row.user_id AND d.state = 'waiting'
-               AND (d.id = v_row.id OR (v_row.kind = 'collapse' AND d.kind = 'collapse'
-                                        AND d.collapse_key = v_row.collapse_key));
-            RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'expired'::text, 'ttl_expired'::text,
-                                '{}'::bigint[];
-            CONTINUE;
-        END IF;
-
+    IF v_mc.expires_at <= p_now THEN
+        o_state := 'expired';
+        o_outcome := 'ttl_expired';
+    ELSE
         SELECT * INTO v_verdict
-          FROM gov.decide_core(v_row.user_id, v_row.message_id, v_msg.tier, v_msg.topic, v_msg.campaign_id,
-                               v_now, true) d;
-
+          FROM gov.decide_core(p_row.user_id, p_row.message_id, v_msg.tier, v_msg.topic, v_msg.campaign_id,
+                               p_now, true) d;
         IF v_verdict.allowed THEN
-            v_ids := gov.fan_out(v_row.user_id, v_row.message_id, v_now);
-            IF v_row.kind = 'collapse' THEN
-                -- every held message of the group, the carrier too, is collapsed into the
-                -- one summary, which goes out under the carrier's id with the count
-                WITH c AS (
-                    UPDATE gov.deferred d
-                       SET state = 'collapsed', collapsed_into = v_row.message_id, finished_at = v_now,
-                           outcome = CASE WHEN d.id = v_row.id THEN 'summary' ELSE 'collapsed' END
-                     WHERE d.user_id = v_row.user_id AND d.collapse_key = v_row.collapse_key
-                       AND d.state = 'waiting' AND d.kind = 'collapse'
-                    RETURNING 1
-                )
-                SELECT count(*) INTO v_count FROM c;
-                UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', v_count)
-                 WHERE c.user_id = v_row.user_id AND c.message_id = v_row.message_id;
-                RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'collapsed'::text, 'summary'::text, v_ids;
+            o_outbox_ids := gov.fan_out(p_row.user_id, p_row.message_id, p_now);
+            IF p_row.stands_for > 1 THEN
+                UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', p_row.stands_for)
+                 WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+                o_state := 'collapsed';
+                o_outcome := 'summary';
             ELSE
-                UPDATE gov.deferred d SET state = 'released', outcome = 'released', finished_at = v_now
-                 WHERE d.id = v_row.id;
-                RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'released'::text, 'released'::text, v_ids;
+                o_state := 'released';
+                o_outcome := 'released';
             END IF;
-            CONTINUE;
+            UPDATE gov.deferred d
+               SET state = o_state, outcome = o_outcome, finished_at = p_now,
+                   collapsed_into = CASE WHEN o_state = 'collapsed' THEN p_row.message_id END
+             WHERE d.id = p_row.id;
+            RETURN;
         END IF;
 
-        -- Still blocked: wait again for the new window, unless that passes a limit.
-        IF v_verdict.retry_after_ms IS NULL OR (v_row.kind = 'defer' AND v_verdict.action = 'drop') THEN
-            v_next := NULL;
+        IF v_verdict.action = 'drop' OR v_verdict.retry_after_ms IS NULL THEN
+            o_state := 'dropped';
+            o_outcome := v_verdict.reason;
         ELSE
-            v_next := gov.quiet_until(v_row.user_id, v_now + v_verdict.retry_after_ms * interval '1 millisecond');
+            v_next := gov.quiet_until(p_row.user_id, p_now + v_verdict.retry_after_ms * interval '1 millisecond');
+            IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN
+                o_state := 'expired';
+                o_outcome := 'defer_expired';
+            ELSIF v_next >= v_mc.expires_at THEN
+                o_state := 'expired';
+                o_outcome := 'ttl_expired';
+            ELSE
+                -- never due again in the same instant: every round moves a row forward
+                UPDATE gov.deferred d
+                   SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
+                                                                         p_row.message_id || '#' || v_next::text),
+                                             p_now + interval '1 millisecond')
+                 WHERE d.id = p_row.id;
+                o_state := 'waiting';
+                o_outcome := v_verdict.reason;
+                RETURN;
+            END IF;
         END IF;
-        IF v_next IS NULL OR (v_row.kind <> 'collapse' AND v_verdict.action = 'drop') THEN
-            UPDATE gov.deferred d SET state = 'dropped', outcome = v_verdict.reason, finished_at = v_now
-             WHERE d.id = v_row.id;
-            RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'dropped'::text, v_verdict.reason, '{}'::bigint[];
-        ELSIF (v_row.give_up_at IS NOT NULL AND v_next > v_row.give_up_at) OR v_next >= v_mc.expires_at THEN
-            UPDATE gov.deferred d
-               SET state = 'expired', finished_at = v_now,
-                   outcome = CASE WHEN v_next >= v_mc.expires_at THEN 'ttl_expired' ELSE 'defer_expired' END
-             WHERE d.user_id = v_row.user_id AND d.state = 'waiting'
-               AND (d.id = v_row.id OR (v_row.kind = 'collapse' AND d.kind = 'collapse'
-                                        AND d.collapse_key = v_row.collapse_key));
-            RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'expired'::text,
-                                CASE WHEN v_next >= v_mc.expires_at THEN 'ttl_expired' ELSE 'defer_expired' END,
-                                '{}'::bigint[];
-        ELSE
-            v_next := v_next + gov.release_jitter(v_row.user_id, v_row.message_id || '#' || v_now::text);
-            UPDATE gov.deferred d SET release_at = v_next
-             WHERE d.user_id = v_row.user_id AND d.state = 'waiting'
-               AND (d.id = v_row.id OR (v_row.kind = 'collapse' AND d.kind = 'collapse'
-                                        AND d.collapse_key = v_row.collapse_key));
-            RETURN QUERY SELECT v_row.user_id, v_row.message_id, 'waiting'::text, v_verdict.reason, '{}'::bigint[];
-        END IF;
-    END LOOP;
+    END IF;
+
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now WHERE d.id = p_row.id;
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now
+     WHERE d.user_id = p_row.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = p_row.message_id;
 END;
 $$;
 

@@ -412,6 +412,21 @@ BEGIN
            END
       FROM gov.deferred d
      WHERE d.state = 'waiting' AND d.release_at < v_now - p_stuck_after;
+
+    -- held_failed: the releaser failed on a held message (a tier the policy no longer
+    -- defines, content that no longer fits, …) in the last 7 days: it will never be
+    -- sent, and someone should know why.
+    RETURN QUERY
+    SELECT 'held_failed'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN 'no held message failed in the last 7 days'
+                ELSE format('%s held message(s) failed in the last 7 days, latest message %s of user %s: %s',
+                            count(*),
+                            (array_agg(d.message_id ORDER BY d.finished_at DESC, d.id DESC))[1],
+                            (array_agg(d.user_id ORDER BY d.finished_at DESC, d.id DESC))[1],
+                            (array_agg(d.error ORDER BY d.finished_at DESC, d.id DESC))[1])
+           END
+      FROM gov.deferred d
+     WHERE d.state = 'failed' AND d.finished_at > v_now - interval '7 days';
 END;
 $$;
 

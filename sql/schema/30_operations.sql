@@ -94,6 +94,12 @@ BEGIN
     )
     DELETE FROM gov.sends s USING doomed WHERE s.ctid = doomed.ctid;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        -- what is older than this may have lost its send rows: the conservation check
+        -- must not read a pruned message as "allowed without spending its budget"
+        UPDATE gov.settings s
+           SET pruned_before = greatest(s.pruned_before, v_now - v_longest * interval '1 millisecond' - p_margin);
+    END IF;
     RETURN v_count;
 END;
 $$;
@@ -130,8 +136,11 @@ $$;
 --   dropped     suppressed and dropped (with its rule), or dropped at release
 --   held        waiting in gov.deferred
 --   (held, then released: its state is then its delivery's, as for allowed)
---   expired     held, then expired (defer_expired or ttl_expired)
---   collapsed   held, then collapsed into a named summary
+--   expired     held, then expired (defer_expired or ttl_expired), with a group's members
+--   collapsed   held, then collapsed into a named summary (or the group's current carrier)
+--   failed      held, and the releaser failed on it (gov.deferred.error says why)
+-- Send rows older than gov.settings.pruned_before may be gone (gov prune): a message
+-- decided before then is not held to "allowed and spent its budget".
 CREATE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
 RETURNS TABLE (user_id text, message_id text, tier text, state text)
 LANGUAGE sql STABLE AS $$
@@ -158,6 +167,7 @@ LANGUAGE sql STABLE AS $$
              WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
                THEN 'INCONSISTENT: P0 counted or suppressed'
              WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                  AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
                THEN 'INCONSISTENT: allowed without spending its budget'
              WHEN NOT m.allowed AND m.spent > 0
                THEN 'INCONSISTENT: suppressed but spent budget (a partial decision)'
@@ -175,6 +185,7 @@ LANGUAGE sql STABLE AS $$
              WHEN m.held_state = 'waiting' THEN 'held'
              WHEN m.held_state = 'expired' THEN 'expired'
              WHEN m.held_state = 'dropped' THEN 'dropped'
+             WHEN m.held_state = 'failed' THEN 'failed'
              WHEN m.held_state = 'collapsed' AND m.held_outcome = 'collapsed' THEN 'collapsed'
              WHEN NOT m.allowed THEN 'dropped'
              WHEN NOT m.has_content THEN 'decided'
@@ -222,5 +233,64 @@ BEGIN
                                              r_a.status, r_a.retry_after_ms, r_a.error, p_max_attempts,
                                              p_backoff_ms, p_backoff_cap_ms, p_now);
     END LOOP;
+END;
+$$;
+-- ---------------------------------------------------------------- policy changes
+
+-- Messages of tiers a new policy removes: per tier, how many are held (waiting in
+-- gov.deferred) and how many are queued for delivery (outbox rows not yet finished).
+-- With p_drop, they are ended now, logged like any suppression (blocked_by
+-- 'tier_removed', action 'drop'): a held message ends dropped, a queued outbox row
+-- ends failed with that reason, never sent. Runs inside `gov policy apply`'s
+-- transaction, after the policy lock.
+CREATE FUNCTION gov.retire_tiers_v1(p_tiers text[], p_drop boolean, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (tier text, held bigint, queued bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    RETURN QUERY
+    SELECT t.tier,
+           (SELECT count(*) FROM gov.deferred d WHERE d.tier = t.tier AND d.state = 'waiting'),
+           (SELECT count(*) FROM gov.outbox o
+              JOIN gov.messages m ON m.user_id = o.user_id AND m.message_id = o.message_id
+             WHERE m.tier = t.tier AND o.state IN ('pending', 'sending'))
+      FROM unnest(p_tiers) t(tier)
+     ORDER BY 1;
+    IF NOT p_drop THEN
+        RETURN;
+    END IF;
+
+    WITH gone AS (
+        UPDATE gov.deferred d
+           SET state = 'dropped', outcome = 'tier_removed', finished_at = v_now
+         WHERE d.tier = ANY (p_tiers) AND (d.state = 'waiting'
+               OR (d.state = 'collapsed' AND d.outcome = 'collapsed'
+                   AND EXISTS (SELECT 1 FROM gov.deferred c
+                                WHERE c.user_id = d.user_id AND c.message_id = d.collapsed_into
+                                  AND c.state = 'waiting')))
+        RETURNING d.user_id, d.message_id
+    ), verdict AS (
+        UPDATE gov.messages m SET action = 'drop', reason = 'tier_removed'
+          FROM gone WHERE m.user_id = gone.user_id AND m.message_id = gone.message_id
+        RETURNING m.*
+    )
+    INSERT INTO gov.push_suppressions (user_id, message_id, tier, blocked_by, action, campaign_id, topic,
+                                       blocked_scope, created_at)
+    SELECT v.user_id, v.message_id, v.tier, 'tier_removed', 'drop', v.campaign_id, v.topic, 'policy', v_now
+      FROM verdict v;
+
+    WITH queued AS (
+        UPDATE gov.outbox o
+           SET state = 'failed', lease_until = NULL, last_error = 'tier_removed', finished_at = v_now
+          FROM gov.messages m
+         WHERE m.user_id = o.user_id AND m.message_id = o.message_id AND m.tier = ANY (p_tiers)
+           AND o.state IN ('pending', 'sending')
+        RETURNING m.user_id, m.message_id, m.tier, m.campaign_id, m.topic
+    )
+    INSERT INTO gov.push_suppressions (user_id, message_id, tier, blocked_by, action, campaign_id, topic,
+                                       blocked_scope, created_at)
+    SELECT DISTINCT q.user_id, q.message_id, q.tier, 'tier_removed', 'drop', q.campaign_id, q.topic, 'policy', v_now
+      FROM queued q;
 END;
 $$;

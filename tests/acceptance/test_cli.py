@@ -160,3 +160,57 @@ def test_user_set_and_release_from_the_shell(db_url: str, tmp_path: Path) -> Non
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout) == {"released": {"released": 1}, "delivered": 1}
         assert [json.loads(p)["data"]["id"] for p in push.delivered_payloads(browser)] == ["late"]
+
+
+def test_non_utf8_input_is_one_line_and_writes_nothing(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    bad = b"u1\n\xff\xfeu2\n"
+    env = {**os.environ, "GOV_DATABASE_URL": db_url}
+    runs = {
+        "send-campaign": ["send-campaign", "--users", "-", "--tier", "P2", "--id", "c1", "--title", "t"],
+        "subscribe": ["subscribe", "--user", "u", "-"],
+        "policy apply": ["policy", "apply", "-"],
+    }
+    for name, args in runs.items():
+        r = subprocess.run([sys.executable, "-m", "gov.cli", *args], input=bad, capture_output=True, env=env,
+                           timeout=60)
+        err = r.stderr.decode()
+        assert r.returncode == 1, (name, err)
+        assert len(err.strip().splitlines()) == 1 and "not UTF-8" in err and "Traceback" not in err, (name, err)
+    assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM gov.subscriptions").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM gov.policy_versions").fetchone() == (1,)
+
+
+def test_quiet_hours_without_a_time_zone_are_refused(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    r = gov(db_url, "user", "set", "--user", "u", "--quiet", "21:00-07:30")
+    assert r.returncode == 1 and "has no time zone" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert conn.execute("SELECT count(*) FROM gov.users").fetchone() == (0,)
+    ok = gov(db_url, "user", "set", "--user", "u", "--tz", "Europe/Berlin", "--quiet", "21:00-07:30")
+    assert ok.returncode == 0, ok.stderr
+    assert gov(db_url, "user", "set", "--user", "u", "--quiet", "22:00-07:00").returncode == 0  # the zone is stored
+
+
+def test_ttl_zero_is_refused_at_the_door(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    r = gov(db_url, "send", "--user", "u", "--tier", "P2", "--id", "m", "--title", "t", "--ttl", "0", "--no-deliver")
+    assert r.returncode == 2 and "--ttl" in r.stderr
+    assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
+
+
+def test_policy_apply_refuses_to_orphan_held_messages_unless_told(
+    db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    conn.execute("INSERT INTO gov.users (user_id, time_zone) VALUES ('u', 'Etc/GMT-12')")  # always some quiet hour
+    at = "2026-06-10T11:30:00+00:00"  # 23:30 at GMT+12
+    held = gov(db_url, "send", "--user", "u", "--tier", "P3", "--id", "d", "--title", "t", "--no-deliver", "--at", at)
+    assert json.loads(held.stdout) == {"sent": False, "action": "collapse", "reason": "quiet_hours"}
+    shown = gov(db_url, "policy", "show").stdout
+    without_p3 = shown[: shown.index("[tiers.P3]")] + shown[shown.index("[quiet_hours]"):]
+    path = tmp_path / "p.toml"
+    path.write_text(without_p3, encoding="utf-8")
+    refused = gov(db_url, "policy", "apply", str(path))
+    assert refused.returncode == 1 and f"{path}:" in refused.stderr and "--drop-held" in refused.stderr
+    assert conn.execute("SELECT count(*) FROM gov.tiers WHERE tier = 'P3'").fetchone() == (1,)
+    applied = gov(db_url, "policy", "apply", "--drop-held", str(path))
+    assert applied.returncode == 0, applied.stderr
+    assert "P3 removed: 1 held" in applied.stderr
+    assert conn.execute("SELECT state, outcome FROM gov.deferred").fetchall() == [("dropped", "tier_removed")]

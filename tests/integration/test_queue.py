@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from gov import Governor, Message
+from gov import Governor, InvalidMessage, Message
 from gov import policy as policy_mod
 from gov.delivery import Dispatcher
 from gov.queue import Releaser
@@ -60,7 +60,7 @@ def gov(db_url: str, signer: VapidSigner, clock: Clock) -> Iterator[Governor]:
 @pytest.fixture
 def releaser(db_url: str, signer: VapidSigner, clock: Clock) -> Iterator[Releaser]:
     # the VAPID token's exp is signed from the wall clock, whatever the simulation says
-    with Dispatcher(db_url, signer, workers=2, clock=clock) as runner:
+    with Dispatcher(db_url, signer, workers=2, clock=clock, allow_loopback_http=True) as runner:
         yield Releaser(runner.source, dispatcher=runner, clock=clock)
 
 
@@ -195,11 +195,16 @@ def test_three_p3_collapse_into_one_summary(
     assert conn.execute("SELECT count(*) FROM gov.sends WHERE budget = 'P3'").fetchone() == (2,)
 
 
-def test_collapse_without_a_key_is_a_drop(gov: Governor, conn: psycopg.Connection[Any]) -> None:
+def test_collapse_without_a_key_joins_the_tiers_keyless_group(gov: Governor, conn: psycopg.Connection[Any]) -> None:
+    # compress, never delete: keyless digests of one user collapse into one group per tier
     gov.send(Message(user_id="u", id="d0", tier="P3", title="t"))
     r = gov.send(Message(user_id="u", id="d1", tier="P3", title="t"))
-    assert r.as_json() == {"sent": False, "action": "drop", "reason": "cap_604800000ms"}
-    assert conn.execute("SELECT count(*) FROM gov.deferred WHERE state = 'waiting'").fetchone() == (0,)
+    assert r.as_json() == {"sent": False, "action": "collapse", "reason": "cap_604800000ms"}
+    gov.send(Message(user_id="u", id="d2", tier="P3", title="t"))
+    assert conn.execute(
+        "SELECT message_id, collapse_key, stands_for FROM gov.deferred WHERE state = 'waiting'"
+    ).fetchall() == [("d2", "", 2)]
+    assert held(conn, "d1")["state"] == "collapsed" and held(conn, "d1")["collapsed_into"] == "d2"
 
 
 def test_ttl_is_checked_again_at_release(
@@ -262,3 +267,258 @@ def test_four_releasers_release_each_message_once(db_url: str, clock: Clock, con
     assert sum(1 for r in results if r.get("released")) >= 2, f"one releaser did everything: {results}"
     assert conn.execute("SELECT count(*), count(DISTINCT message_id) FROM gov.outbox").fetchone() == (n, n)
     assert conn.execute("SELECT state, count(*) FROM gov.deferred GROUP BY state").fetchall() == [("released", n)]
+
+
+# ---------------------------------------------------------------- issue 11: hold and release to the decision's standard
+
+
+def test_a_digest_held_for_the_weekly_slot_survives_to_be_summarised(
+    gov: Governor, push: PushService, clock: Clock, releaser: Releaser, conn: psycopg.Connection[Any]
+) -> None:
+    # the default policy and no TTL of the sender's own: the tier's deadline must outlive the wait
+    browser = push.subscribe()
+    gov.subscribe("u", browser.info)
+    start = clock.now
+    assert gov.send(Message(user_id="u", id="d0", tier="P3", title="Digest 0", collapse_key="digest")).sent
+    for i in (1, 2, 3):
+        clock.now = start + timedelta(days=i)
+        r = gov.send(Message(user_id="u", id=f"d{i}", tier="P3", title=f"Digest {i}", collapse_key="digest"))
+        assert r.as_json() == {"sent": False, "action": "collapse", "reason": "cap_604800000ms"}
+    # one carrier at a time, the newest, standing for all three; the others collapsed into it at once
+    assert conn.execute(
+        "SELECT message_id, stands_for FROM gov.deferred WHERE state = 'waiting'"
+    ).fetchall() == [("d3", 3)]
+    assert [held(conn, f"d{i}")["collapsed_into"] for i in (1, 2)] == ["d3", "d3"]
+    clock.now = held(conn, "d3")["release_at"]
+    assert clock.now >= start + timedelta(days=7)
+    stats = releaser.run_once()
+    assert stats.outcomes == {"summary": 1} and stats.delivered == 1
+    summary = json.loads(push.delivered_payloads(browser)[-1])
+    assert (summary["title"], summary["data"]["count"], summary["tag"]) == ("Digest 3", 3, "digest")
+    states = conn.execute(
+        "SELECT state, count(*) FROM gov.message_states_v1(%s, %s) GROUP BY 1 ORDER BY 1",
+        (start, clock.now + timedelta(seconds=1)),
+    ).fetchall()
+    assert states == [("collapsed", 2), ("delivered", 2)]
+
+
+def test_digests_held_by_quiet_hours_collapse_into_one(
+    gov: Governor, push: PushService, clock: Clock, releaser: Releaser, conn: psycopg.Connection[Any]
+) -> None:
+    set_jitter(conn, 0)
+    browser = push.subscribe()
+    gov.subscribe("u", browser.info)
+    set_time_zone(conn, "u", "Europe/Berlin")
+    for i, minute in enumerate((10, 20, 30)):
+        clock.now = datetime(2026, 6, 10, 23, minute, tzinfo=BERLIN).astimezone(UTC)
+        r = gov.send(Message(user_id="u", id=f"d{i}", tier="P3", title=f"Digest {i}", collapse_key="digest"))
+        assert r.as_json() == {"sent": False, "action": "collapse", "reason": "quiet_hours"}
+    assert conn.execute("SELECT action FROM gov.push_suppressions ORDER BY id").fetchall() == [("collapse",)] * 3
+    clock.now = datetime(2026, 6, 11, 8, 0, tzinfo=BERLIN).astimezone(UTC)
+    assert releaser.run_once().outcomes == {"summary": 1}
+    payloads = [json.loads(p) for p in push.delivered_payloads(browser)]
+    assert [(p["title"], p["data"]["count"]) for p in payloads] == [("Digest 2", 3)]
+    assert {held(conn, f"d{i}")["state"] for i in range(3)} == {"collapsed"}
+    assert conn.execute("SELECT count(*) FROM gov.deferred WHERE outcome = 'ttl_expired'").fetchone() == (0,)
+
+
+def test_a_newcomer_that_cannot_outlive_the_wait_expires_alone(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    gov.send(Message(user_id="u", id="d0", tier="P3", title="t", collapse_key="k"))
+    clock.now += timedelta(hours=1)
+    gov.send(Message(user_id="u", id="d1", tier="P3", title="t", collapse_key="k"))
+    short = gov.send(Message(user_id="u", id="d2", tier="P3", title="t", collapse_key="k", ttl=3600))
+    assert short.as_json() == {"sent": False, "action": "drop", "reason": "ttl_expired"}
+    assert held(conn, "d2")["state"] == "expired"
+    assert held(conn, "d1")["state"] == "waiting"  # the group keeps its carrier
+
+
+def test_an_expired_group_takes_its_members_with_it(
+    gov: Governor, clock: Clock, releaser: Releaser, conn: psycopg.Connection[Any]
+) -> None:
+    gov.send(Message(user_id="u", id="d0", tier="P3", title="t", collapse_key="k"))
+    for i in (1, 2):
+        clock.now += timedelta(hours=1)
+        gov.send(Message(user_id="u", id=f"d{i}", tier="P3", title="t", collapse_key="k"))
+    clock.now += timedelta(days=30)  # no releaser ran for a month: the newest content is dead
+    assert releaser.run_once().outcomes == {"ttl_expired": 1}
+    assert [held(conn, f"d{i}")["state"] for i in (1, 2)] == ["expired", "expired"]
+
+
+def test_one_bad_row_does_not_stop_the_release(
+    gov: Governor, clock: Clock, releaser: Releaser, conn: psycopg.Connection[Any]
+) -> None:
+    set_jitter(conn, 0)
+    set_time_zone(conn, "night", "Europe/Berlin")
+    night = datetime(2026, 6, 10, 23, 0, tzinfo=BERLIN).astimezone(UTC)
+    clock.now = night - timedelta(hours=20)
+    for i in range(6):
+        gov.send(Message(user_id="busy", id=f"m{i}", tier="P1", title="t"))
+    clock.now = night
+    assert gov.send(Message(user_id="night", id="sale", tier="P2", title="t")).decision.reason == "quiet_hours"
+    assert gov.send(Message(user_id="busy", id="m6", tier="P1", title="t")).decision.action == "defer"
+    assert held(conn, "m6")["state"] == "waiting"
+    # the policy loses P2 under the held message (as a racing apply, or a hand edit, could do)
+    conn.execute("DELETE FROM gov.caps WHERE scope = 'P2'")
+    conn.execute("DELETE FROM gov.tier_consumes WHERE tier = 'P2' OR consumes = 'P2'")
+    conn.execute("DELETE FROM gov.tiers WHERE tier = 'P2'")
+    clock.now = night + timedelta(hours=10)  # both are due: 08:00 local has passed, and the P1 window freed
+    stats = releaser.run_once()
+    assert stats.outcomes == {"failed": 1, "released": 1}
+    sale = conn.execute("SELECT state, error FROM gov.deferred WHERE message_id = 'sale'").fetchone()
+    assert sale is not None and sale[0] == "failed" and "unknown tier P2" in sale[1]
+    assert held(conn, "m6")["state"] == "released"
+    check = conn.execute("SELECT ok, detail FROM gov.health_v1(%s) WHERE check_name = 'held_failed'",
+                         (clock.now,)).fetchone()
+    assert check is not None and check[0] is False and "sale" in check[1]
+
+
+def test_release_once_drains_whatever_the_batch(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    for user in ("a", "b"):
+        for i in range(6):
+            gov.send(Message(user_id=user, id=f"m{i}", tier="P1", title="t"))
+    clock.now += timedelta(hours=20)
+    assert gov.send(Message(user_id="b", id="m6", tier="P1", title="t")).decision.action == "defer"
+    for i in (1, 2, 3):  # a's P1 budget is spent: digests wait (collapsed) for it to free
+        assert gov.send(Message(user_id="a", id=f"d{i}", tier="P3", title="t", collapse_key="k")).decision.action \
+            == "collapse"
+    clock.now += timedelta(hours=4, minutes=10)  # one group and one deferral due, a batch of 2
+    stats = Releaser(gov.source, batch=2, clock=clock).run_once()
+    assert stats.outcomes == {"summary": 1, "released": 1}
+    assert conn.execute("SELECT count(*) FROM gov.deferred WHERE state = 'waiting'").fetchone() == (0,)
+
+
+def test_a_busy_user_never_holds_back_the_rest(
+    db_url: str, gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    for user in ("a", "b", "c"):
+        for i in range(6):
+            gov.send(Message(user_id=user, id=f"m{i}", tier="P1", title="t"))
+    clock.now += timedelta(hours=20)
+    for user in ("a", "b", "c"):
+        assert gov.send(Message(user_id=user, id="m6", tier="P1", title="t")).decision.action == "defer"
+    clock.now += timedelta(hours=4, minutes=10)
+    # an application's transaction holds user a's decision lock (Governor given a connection)
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtextextended('a', 0))")
+        releaser = Releaser(gov.source, batch=1, clock=clock)
+        stats = releaser.run_once()
+        assert stats.outcomes == {"released": 2} and stats.busy == 1
+        other.rollback()
+    assert conn.execute(
+        "SELECT user_id FROM gov.deferred WHERE state = 'waiting' ORDER BY 1"
+    ).fetchall() == [("a",)]
+    assert Releaser(gov.source, batch=1, clock=clock).run_once().outcomes == {"released": 1}
+
+
+def _race_releasers_and_newcomers(db_url: str, clock: Clock, users: list[str]) -> list[BaseException]:
+    """Four releasers (batch 10) and two senders adding a newcomer to each group, released together."""
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        r = Releaser(db_url, batch=10, clock=clock)
+        try:
+            barrier.wait()
+            r.run_once()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            r.source.close()
+
+    def newcomers(offset: int) -> None:
+        try:
+            with Governor(db_url, clock=clock) as s:
+                barrier.wait()
+                for user in users[offset::2]:  # a newcomer joins a group while it is released
+                    s.send(Message(user_id=user, id="late", tier="P3", title="t", collapse_key="k"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=release) for _ in range(4)]
+    threads += [threading.Thread(target=newcomers, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return errors
+
+
+def test_four_releasers_and_senders_on_collapse_groups_never_deadlock(
+    db_url: str, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    set_jitter(conn, 0)
+    with Governor(db_url, clock=clock) as g:
+        for round_ in range(50):
+            users = [f"r{round_}u{i}" for i in range(12)]
+            for user in users:
+                g.send(Message(user_id=user, id="first", tier="P3", title="t", collapse_key="k"))
+                for i in range(3):
+                    g.send(Message(user_id=user, id=f"d{i}", tier="P3", title="t", collapse_key="k"))
+                    g.send(Message(user_id=user, id=f"x{i}", tier="P3", title="t", collapse_key=f"k{i}"))
+            clock.now += timedelta(days=7, hours=1)  # every group is due, none expired (P3 keeps 8 days)
+            errors = _race_releasers_and_newcomers(db_url, clock, users)
+            assert not errors, f"round {round_}: {errors[0]!r}"  # a deadlock is raised to one of them
+            sent = conn.execute(
+                "SELECT user_id, count(*) FROM gov.sends WHERE user_id = ANY(%s) AND budget = 'P3'"
+                " AND sent_at >= %s GROUP BY 1",
+                (users, clock.now),
+            ).fetchall()
+            # each user's one P3 slot of the week went to exactly one message (a group released
+            # once, or a newcomer that found the slot open), never two
+            assert sorted(sent) == [(user, 1) for user in sorted(users)], (round_, sent)
+            assert conn.execute(
+                "SELECT count(*) FROM gov.deferred WHERE user_id = ANY(%s) AND state = 'waiting'"
+                " GROUP BY user_id, collapse_key HAVING count(*) > 1",
+                (users,),
+            ).fetchall() == []
+            assert conn.execute(
+                "SELECT count(*) FROM gov.message_states_v1(%s, %s) WHERE state LIKE 'INCONSISTENT%%'",
+                (clock.now - timedelta(days=9), clock.now + timedelta(seconds=1)),
+            ).fetchone() == (0,)
+
+
+def test_quiet_hours_ending_in_the_repeated_hour_end_at_its_first(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    set_jitter(conn, 0)
+    set_time_zone(conn, "u", "Europe/Berlin")
+    set_quiet_hours(conn, "u", (datetime(2000, 1, 1, 22, 0).time(), datetime(2000, 1, 1, 2, 30).time()))
+    clock.now = datetime(2026, 10, 24, 23, 0, tzinfo=BERLIN).astimezone(UTC)
+    assert gov.send(Message(user_id="u", id="m", tier="P1", title="t")).decision.reason == "quiet_hours"
+    # 02:30 comes twice that night (CEST, then CET): the window ends at the first
+    assert held(conn, "m")["release_at"] == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    # inside the repeated hour, after the first 02:30: the wall clock reads 02:10 again, quiet until 02:30 CET
+    clock.now = datetime(2026, 10, 25, 1, 10, tzinfo=UTC)
+    assert gov.send(Message(user_id="u", id="n", tier="P1", title="t")).decision.reason == "quiet_hours"
+    assert held(conn, "n")["release_at"] == datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
+
+
+def test_ttl_zero_is_refused_before_anything_is_recorded(gov: Governor, conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidMessage, match="ttl must be whole seconds from 1"):
+        gov.send(Message(user_id="u", id="m", tier="P2", title="t", ttl=0))
+    with pytest.raises(psycopg.DatabaseError, match="ttl must be at least 1 second"):
+        conn.execute("SELECT * FROM gov.send_v1('u', 'm', 'P2', NULL, NULL, '{\"title\": \"t\"}', NULL, 0)")
+    assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM gov.sends").fetchone() == (0,)
+
+
+def test_conservation_holds_after_prune(gov: Governor, clock: Clock, conn: psycopg.Connection[Any]) -> None:
+    from gov.maintenance import conservation, prune
+
+    start = clock.now
+    assert gov.send(Message(user_id="u", id="old", tier="P2", title="t")).sent
+    clock.now += timedelta(days=10)
+    assert gov.send(Message(user_id="u", id="new", tier="P2", title="t")).sent
+    assert prune(gov.source, now=clock.now).sends > 0
+    report = conservation(gov.source, start - timedelta(seconds=1), clock.now + timedelta(seconds=1))
+    assert report.ok, report.inconsistent
+    # and a message whose budget rows vanish inside what prune keeps is still caught
+    conn.execute("DELETE FROM gov.sends WHERE message_id = 'new'")
+    states = dict(conn.execute(
+        "SELECT message_id, state FROM gov.message_states_v1(%s, %s)", (start, clock.now + timedelta(seconds=1))
+    ).fetchall())
+    assert states["new"].startswith("INCONSISTENT") and states["old"] == "no_endpoint"

@@ -66,3 +66,25 @@ def test_durations() -> None:
     assert format_duration(1500) == "1500ms"
     with pytest.raises(ValueError):
         parse_duration("0h", "x")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        # no P0 at all: a passcode would have no exempt tier to go to
+        ('# caps\n[tiers.P1]\non_exceed = "drop"\n', 2, "P0 (transactional) must be defined"),
+        # P0 capped, deferred or collapsed: invariant 4 broken by configuration
+        ('[tiers.P0]\non_exceed = "drop"\nwindows = [{ window = "24h", cap = 1 }]\n', 1, "must be exempt"),
+        ('[tiers.P0]\nexempt = false\non_exceed = "defer"\n', 1, "P0 (transactional) must be exempt"),
+    ],
+)
+def test_a_policy_that_could_suppress_p0_is_refused(text: str, line: int, reason: str) -> None:
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text, "p.toml")
+    assert str(exc.value).startswith(f"p.toml:{line}: ") and reason in str(exc.value)
+
+
+def test_a_collapse_tier_whose_ttl_cannot_outlive_its_window_is_warned_about() -> None:
+    assert default_policy().warnings() == []
+    short = parse_policy(default_policy_text().replace('ttl = "8d"', 'ttl = "24h"'))
+    assert [w.split(":")[0] for w in short.warnings()] == ["tier P3"]
