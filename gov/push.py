@@ -322,7 +322,8 @@ class _Watchdog:
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, args=(self._cond,), name="gov-push-watchdog", daemon=True).start()
             heapq.heappush(self._heap, (attempt.deadline, next(self._order), attempt))
-            self._cond.notify()
+            if self._heap[0][2] is attempt:  # the thread sleeps until the earliest deadline: wake it only for a new one
+                self._cond.notify()
 
     def _run(self, cond: threading.Condition) -> None:
         with cond:

@@ -7,9 +7,12 @@ what it records is what a browser would have received.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -254,6 +257,48 @@ def test_hang_is_transient_after_a_finite_timeout(
     assert (outcome.kind, outcome.status, outcome.error) == ("transient", None, "timeout")
     assert 0.4 <= elapsed < 3
     assert push_service.received[0].reason == "scripted hang"
+
+
+def test_a_trickled_answer_is_cut_off_at_the_total_deadline(
+    push_service: PushService, signer: VapidSigner, session: requests.Session
+) -> None:
+    """requests' timeout is per read: one byte every 0.2 s would never trip it. The
+    attempt's total deadline does, and the connection is closed under the server."""
+    answer = b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"
+    written: list[int] = []
+    closed = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def trickle() -> None:
+        client, _ = listener.accept()
+        with client:
+            client.recv(65536)  # headers and the small body, near enough
+            for byte in answer:
+                time.sleep(0.2)
+                try:
+                    client.sendall(bytes([byte]))
+                except OSError:
+                    break
+                written.append(byte)
+            client.settimeout(5)
+            with contextlib.suppress(OSError):
+                while client.recv(1024):
+                    pass
+            closed.set()
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    browser = push_service.subscribe()
+    port = listener.getsockname()[1]
+    sub = Subscription(f"http://127.0.0.1:{port}/push/x", browser.p256dh, browser.auth)
+    try:
+        outcome = deliver(PushRequest(sub, b'{"title":"hi"}', 60), signer, session, timeout=1.0)
+        assert (outcome.kind, outcome.status, outcome.error) == ("transient", None, "timeout")
+        assert closed.wait(5), "the client never closed the connection"
+        assert len(written) < len(answer) // 2, len(written)
+    finally:
+        thread.join(timeout=15)
+        listener.close()
 
 
 def test_reset_is_transient(push_service: PushService, signer: VapidSigner, session: requests.Session) -> None:
