@@ -424,6 +424,7 @@ END;
 $$;
 
 DROP FUNCTION gov.release_one(gov.deferred, timestamptz);
+DROP FUNCTION gov.absorb_group(text, text, text, text, timestamptz);
 DROP FUNCTION gov.local_instant(timestamp, text, timestamptz);
 
 ALTER TABLE gov.settings DROP COLUMN pruned_before;

@@ -469,6 +469,7 @@ BEGIN
     VALUES (p_user_id, p_message_id, p_content, p_collapse_key, v_ttl_s, v_now + v_ttl_s * interval '1 second');
 
     IF v_verdict.allowed THEN
+        PERFORM gov.absorb_group(p_user_id, p_message_id, p_tier, p_collapse_key, v_now);
         v_ids := gov.fan_out(p_user_id, p_message_id, v_now);
     ELSE
         SELECT * INTO v_held
@@ -487,6 +488,43 @@ BEGIN
 
     RETURN QUERY SELECT v_verdict.allowed, v_verdict.action, v_verdict.reason, v_verdict.used,
                         v_verdict.cap, v_verdict.retry_after_ms, false, coalesce(v_ids, '{}'::bigint[]);
+END;
+$$;
+
+-- A collapse tier's message that is allowed while a group of its key waits carries
+-- that group: it goes out as the summary (its own, newest, content with data.count),
+-- and the waiting carrier and everything it stood for are collapsed into it. Without
+-- this the newcomer would take the slot the group waits for, and the group, decided
+-- again after it, would wait a whole window more. Called by gov.send_v1 (the caller
+-- holds the user's lock; a releaser holding the carrier never waits for that lock).
+CREATE FUNCTION gov.absorb_group(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_now          timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT d.* INTO v_carrier
+      FROM gov.deferred d
+      JOIN gov.tiers t ON t.tier = p_tier AND t.on_exceed = 'collapse'
+     WHERE d.user_id = p_user_id AND d.collapse_key = coalesce(p_collapse_key, '') AND d.kind = 'collapse'
+       AND d.state = 'waiting'
+       FOR UPDATE OF d;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE gov.deferred d SET collapsed_into = p_message_id
+     WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = v_carrier.message_id;
+    UPDATE gov.deferred d
+       SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+     WHERE d.id = v_carrier.id;
+    UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', v_carrier.stands_for + 1)
+     WHERE c.user_id = p_user_id AND c.message_id = p_message_id;
 END;
 $$;
 

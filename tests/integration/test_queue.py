@@ -522,3 +522,25 @@ def test_conservation_holds_after_prune(gov: Governor, clock: Clock, conn: psyco
         "SELECT message_id, state FROM gov.message_states_v1(%s, %s)", (start, clock.now + timedelta(seconds=1))
     ).fetchall())
     assert states["new"].startswith("INCONSISTENT") and states["old"] == "no_endpoint"
+
+
+def test_a_newcomer_that_finds_the_slot_open_carries_the_waiting_group(
+    gov: Governor, push: PushService, clock: Clock, releaser: Releaser, conn: psycopg.Connection[Any]
+) -> None:
+    browser = push.subscribe()
+    gov.subscribe("u", browser.info)
+    start = clock.now
+    assert gov.send(Message(user_id="u", id="d0", tier="P3", title="Digest 0", collapse_key="digest")).sent
+    for i in (1, 2):
+        clock.now = start + timedelta(days=i)
+        assert gov.send(Message(user_id="u", id=f"d{i}", tier="P3", title=f"Digest {i}",
+                                collapse_key="digest")).decision.action == "collapse"
+    # the slot opens, and the next digest arrives before the releaser's (jittered) round
+    clock.now = start + timedelta(days=7, seconds=1)
+    assert gov.send(Message(user_id="u", id="d3", tier="P3", title="Digest 3", collapse_key="digest")).sent
+    payloads = [json.loads(p) for p in push.delivered_payloads(browser)]
+    assert [(p["title"], p["data"].get("count")) for p in payloads] == [("Digest 0", None), ("Digest 3", 3)]
+    assert [held(conn, f"d{i}")["collapsed_into"] for i in (1, 2)] == ["d3", "d3"]
+    clock.now += timedelta(hours=1)
+    assert releaser.run_once().handled == 0  # nothing waits: the group went out with d3
+    assert conn.execute("SELECT count(*) FROM gov.deferred WHERE state = 'expired'").fetchone() == (0,)
