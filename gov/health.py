@@ -4,8 +4,10 @@ Each check is a named row (check, ok, detail). Today: ``p0_suppressions`` (any
 suppression of an exempt tier, ever: invariant 4 says it cannot happen),
 ``outbox_stuck`` (rows left in ``sending`` long after their lease ran out: no runner
 drains the outbox) and ``push_auth`` (a push service answered 401/403 in the last
-hour: the VAPID key or subject is refused) and ``deferred_overdue`` (held messages
-long past their release time: no releaser runs). ``conservation_check`` adds the
+hour: the VAPID key or subject is refused), ``deferred_overdue`` (held messages
+long past their release time: no releaser runs), ``held_failed`` (the releaser failed
+on a held message in the last 24 hours) and ``outbox_failed`` (a delivery ended failed
+in the last 24 hours: failure stays with its row, and someone is told). ``conservation_check`` adds the
 proof that every message of a period is in exactly one state.
 """
 

@@ -414,19 +414,35 @@ BEGIN
      WHERE d.state = 'waiting' AND d.release_at < v_now - p_stuck_after;
 
     -- held_failed: the releaser failed on a held message (a tier the policy no longer
-    -- defines, content that no longer fits, …) in the last 7 days: it will never be
+    -- defines, content that no longer fits, …) in the last 24 hours: it will never be
     -- sent, and someone should know why.
     RETURN QUERY
     SELECT 'held_failed'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN 'no held message failed in the last 7 days'
-                ELSE format('%s held message(s) failed in the last 7 days, latest message %s of user %s: %s',
+           CASE WHEN count(*) = 0 THEN 'no held message failed in the last 24 hours'
+                ELSE format('%s held message(s) failed in the last 24 hours, latest message %s of user %s: %s',
                             count(*),
                             (array_agg(d.message_id ORDER BY d.finished_at DESC, d.id DESC))[1],
                             (array_agg(d.user_id ORDER BY d.finished_at DESC, d.id DESC))[1],
                             (array_agg(d.error ORDER BY d.finished_at DESC, d.id DESC))[1])
            END
       FROM gov.deferred d
-     WHERE d.state = 'failed' AND d.finished_at > v_now - interval '7 days';
+     WHERE d.state = 'failed' AND d.finished_at > v_now - interval '24 hours';
+
+    -- outbox_failed: a delivery that ended failed in the last 24 hours (the push service
+    -- refused the request, 400/413; attempts ran out; the payload could not be built;
+    -- the endpoint may not be reached; its tier was removed): the row kept its reason.
+    RETURN QUERY
+    SELECT 'outbox_failed'::text, count(*) = 0,
+           CASE WHEN count(*) = 0 THEN 'no delivery failed in the last 24 hours'
+                ELSE format('%s delivery(ies) failed in the last 24 hours, latest message %s of user %s: %s',
+                            count(*),
+                            (array_agg(o.message_id ORDER BY o.finished_at DESC, o.id DESC))[1],
+                            (array_agg(o.user_id ORDER BY o.finished_at DESC, o.id DESC))[1],
+                            (array_agg(coalesce(o.last_error, 'status ' || o.last_status, 'no reason kept')
+                                       ORDER BY o.finished_at DESC, o.id DESC))[1])
+           END
+      FROM gov.outbox o
+     WHERE o.state = 'failed' AND o.finished_at > v_now - interval '24 hours' AND o.finished_at <= v_now;
 END;
 $$;
 

@@ -55,7 +55,8 @@ def test_a_p0_suppression_fails_with_one_line(db_url: str, conn: psycopg.Connect
 def test_every_check_by_name(conn: psycopg.Connection[Any]) -> None:
     checks = run_checks(conn, now=T)
     assert [(c.name, c.ok) for c in checks] == [
-        ("p0_suppressions", True), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True)
+        ("p0_suppressions", True), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True),
+        ("held_failed", True), ("outbox_failed", True),
     ]
     assert summary(checks) is None
 
@@ -105,6 +106,7 @@ def test_json_lists_every_check_and_still_fails(db_url: str, conn: psycopg.Conne
     rows = json.loads(result.stdout)
     assert [(r["check"], r["ok"]) for r in rows] == [
         ("p0_suppressions", False), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True),
+        ("held_failed", True), ("outbox_failed", True),
     ]
     register(main, policy_group, db)
     bad = CliRunner().invoke(main, ["check", "--stuck-after", "soon"], env={"GOV_DATABASE_URL": db_url})
@@ -137,3 +139,20 @@ def test_check_conservation_passes_then_fails_on_a_plant(db_url: str, conn: psyc
     bad = gov_check(db_url, "--conservation", "1d")
     assert bad.returncode == 1
     assert "conservation: 1 message(s) inconsistent, first m2 of user u" in bad.stderr
+
+
+def test_a_failed_delivery_is_an_alarm(conn: psycopg.Connection[Any]) -> None:
+    (sub,) = conn.execute(  # type: ignore[misc]
+        "INSERT INTO gov.subscriptions (user_id, endpoint, p256dh, auth) VALUES ('u', 'https://p.example/1', 'k', 'a') "
+        "RETURNING id"
+    ).fetchone()
+    conn.execute(
+        "INSERT INTO gov.outbox (user_id, message_id, subscription_id, state, next_attempt_at, last_status, "
+        "last_error, created_at, finished_at) VALUES ('u', 'big', %s, 'failed', %s, 413, 'payload too large', %s, %s)",
+        (sub, T, T - timedelta(hours=1), T - timedelta(hours=1)),
+    )
+    checks = {c.name: c for c in run_checks(conn, now=T)}
+    assert not checks["outbox_failed"].ok
+    assert "big" in checks["outbox_failed"].detail and "payload too large" in checks["outbox_failed"].detail
+    later = {c.name: c for c in run_checks(conn, now=T + timedelta(days=2))}
+    assert later["outbox_failed"].ok  # an alarm for a day, not forever
