@@ -135,3 +135,14 @@ SELECT tier,
   FROM c
  GROUP BY tier
  ORDER BY tier;
+
+-- name: sim_collapse_expired_by_key
+-- The expired messages of collapse tiers by collapse key, most first: which senders'
+-- deadlines could not outlive the wait for a slot.
+SELECT m.tier, coalesce(c.collapse_key, '(no key)') AS key, count(*) AS expired
+  FROM gov.messages m
+  JOIN gov.tiers t ON t.tier = m.tier AND t.on_exceed = 'collapse'
+  JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id AND d.state = 'expired'
+  LEFT JOIN gov.message_content c ON c.user_id = m.user_id AND c.message_id = m.message_id
+ GROUP BY 1, 2
+ ORDER BY 3 DESC, 2;

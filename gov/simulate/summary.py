@@ -99,6 +99,7 @@ class Summary:
     fatigue: Any = None  # gov.report.FatigueReport, or None when unavailable
     collapse_split: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (tier, messages, alone, summarised,
     #                                                                       held, expired) per collapse tier
+    expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
 
     def per_week(self, value: float) -> float:
@@ -167,6 +168,9 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
             events = ()
         fatigue = _fatigue(source, config)
         split = tuple((str(t), *(int(x) for x in rest)) for t, *rest in source.execute(q("sim_collapse_split"), {}))
+        expired_keys = tuple(
+            (str(t), str(k), int(n)) for t, k, n in source.execute(q("sim_collapse_expired_by_key"), {})
+        )
     finally:
         source.close()
     unsubscribed = next((u for e, _, u in events if e == "unsubscribe"), stats.unsubscribed)
@@ -192,6 +196,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         push_decrypted=stats.push_decrypted,
         fatigue=fatigue,
         collapse_split=split,  # type: ignore[arg-type]
+        expired_by_key=expired_keys,
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
     )
 
@@ -249,7 +254,8 @@ def collapse_lines(s: Summary) -> list[Text]:
         text = Text(f"{tier} (collapse): ", style="bold")
         text.append(
             f"{messages:,} messages: {alone:,} delivered on their own, {summarised:,} in delivered summaries, "
-            f"{held:,} held at the end, {expired:,} expired ({share:.1f} %)"
+            f"{held:,} held at the end, {expired:,} expired ({share:.1f} %"
+            + "".join(f"; {key} {n:,}" for t, key, n in s.expired_by_key if t == tier) + ")"
             + (f", {other:,} other (dropped, failed or not delivered)" if other else ""),
             style="green" if share <= 5 else "yellow",
         )
