@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import requests
-
+from gov import metrics
 from gov.db import Source
 from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, GovError, InvalidMessage, PoolTimeout
-from gov.netguard import EndpointGuard, EndpointRefused, guarded_session
+from gov.netguard import EndpointGuard, EndpointRefused
 from gov.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
+from gov.pushclient import PushClient
 from gov.queries import q
 from gov.subscription import Subscription, origin_of
 from gov.vapid import VapidSigner
@@ -142,14 +142,21 @@ class Dispatcher:
         self.clock = clock
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.topic_secret = signer.derived_secret(b"gov topic")
-        self._local = threading.local()
         # invariant 13: test mode (loopback, http) only when asked for, else GOV_ALLOW_LOOPBACK_HTTP=1
         self.guard = EndpointGuard.from_env(allow_loopback_http)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch")
+        # keep-alive connection pools per push-service origin, shared by the worker threads
+        self.client = PushClient(self.guard)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self.stop_sending()
         self.source.close()
+
+    def stop_sending(self) -> None:
+        """End the worker threads and close the idle connections; the database source stays."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.client.close()
 
     def __enter__(self) -> Dispatcher:
         return self
@@ -179,9 +186,7 @@ class Dispatcher:
             if not claimed:
                 break
             lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
-            groups = list(_by_subscription(claimed))
-            attempts = [a for done in self._pool.map(self._deliver_group, groups, [lease_ends] * len(groups))
-                        for a in done]
+            attempts = self._deliver_batch(_by_subscription(claimed), lease_ends)
             states = self._record(attempts)
             for state in states:
                 stats.add(state)
@@ -207,12 +212,28 @@ class Dispatcher:
 
     # ------------------------------------------------------------ delivering
 
-    def _session(self) -> requests.Session:
-        # one HTTP session per worker thread: reused connections, never shared (WEBPUSH.md 12)
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = guarded_session(guard=self.guard)
-        return session
+    def _deliver_batch(self, groups: list[list[_Claimed]], lease_ends: float) -> list[dict[str, Any]]:
+        """Send a batch's endpoint groups on up to ``workers`` threads; return every attempt.
+
+        Each worker takes the next group when it is done with one (one task per worker per
+        batch, not per message: the hand-over costs CPU the interpreter lock makes dear).
+        """
+        if self._pool is None or len(groups) <= 1:
+            return [a for group in groups for a in self._deliver_group(group, lease_ends)]
+        todo = iter(groups)
+        lock = threading.Lock()
+
+        def work() -> list[dict[str, Any]]:
+            done: list[dict[str, Any]] = []
+            while True:
+                with lock:
+                    group = next(todo, None)
+                if group is None:
+                    return done
+                done.extend(self._deliver_group(group, lease_ends))
+
+        futures = [self._pool.submit(work) for _ in range(min(self.workers, len(groups)))]
+        return [a for future in futures for a in future.result()]
 
     def _deliver_group(self, rows: list[_Claimed], lease_ends: float) -> list[dict[str, Any]]:
         """Send one endpoint's rows of a batch, in order; return their attempts.
@@ -243,8 +264,9 @@ class Dispatcher:
         a payload that does not fit, a key that does not encrypt, a bug) ends this row
         ``failed`` with the reason, and the batch goes on (invariant 10).
         """
+        started = time.monotonic()
         try:
-            return self._send(row)
+            attempt = self._send(row)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, GovError) else f"{type(exc).__name__}: {exc}"
             log.error(
@@ -255,7 +277,9 @@ class Dispatcher:
                 exc_info=not isinstance(exc, GovError),
                 extra={"action": "delivery_failed"},
             )
-            return _attempt(row, _origin(row.endpoint), PushOutcome("rejected", error=reason))
+            attempt = _attempt(row, _origin(row.endpoint), PushOutcome("rejected", error=reason))
+        _observe(attempt, time.monotonic() - started)
+        return attempt
 
     def _send(self, row: _Claimed) -> dict[str, Any]:
         if row.content is None or row.tier is None:
@@ -283,7 +307,7 @@ class Dispatcher:
             urgency=row.urgency or "normal",
             topic=topic_for(row.collapse_key, self.topic_secret) if row.collapse_key else None,
         )
-        outcome = deliver(request, self.signer, self._session(), timeout=self.timeout_s)  # the total deadline
+        outcome = deliver(request, self.signer, self.client, timeout=self.timeout_s)  # the total deadline
         if outcome.kind == "rejected":
             log.error(
                 "push service refused message %s for user %s: %s %s",
@@ -372,6 +396,13 @@ def _by_subscription(rows: list[_Claimed]) -> list[list[_Claimed]]:
     for row in rows:
         groups.setdefault(row.subscription_id, []).append(row)
     return list(groups.values())
+
+
+def _observe(attempt: dict[str, Any], seconds: float) -> None:
+    try:  # metrics never end a row
+        metrics.observe_attempt(attempt["outcome"], attempt["status"], seconds)
+    except Exception:
+        log.exception("metrics: observe_attempt failed", extra={"action": "metrics_error"})
 
 
 def _origin(endpoint: str) -> str:

@@ -214,7 +214,7 @@ class Governor:
     def close(self) -> None:
         """Close what gov opened; a pool or connection you gave stays open."""
         if self._dispatcher is not None:
-            self._dispatcher._pool.shutdown(wait=True)
+            self._dispatcher.stop_sending()
         self.source.close()
 
     def __enter__(self) -> Governor:

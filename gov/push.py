@@ -39,6 +39,8 @@ from pywebpush import WebPusher
 from urllib3.connection import HTTPConnection
 
 from gov.errors import ConfigurationError, InvalidMessage
+from gov.netguard import EndpointRefused
+from gov.pushclient import BadRequestTarget, PushClient, PushConnectionError, PushTimeout
 from gov.subscription import Subscription, b64url_encode
 
 #: Largest plaintext that fits one aes128gcm record of 4096 bytes (rule 4):
@@ -165,7 +167,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 def deliver(
     request: PushRequest,
     signer: Authorizer,
-    session: requests.Session,
+    session: PushClient | requests.Session,
     timeout: float = 10.0,
 ) -> PushOutcome:
     """Encrypt ``request`` and POST it once to its endpoint; never raises for HTTP.
@@ -175,9 +177,12 @@ def deliver(
     server does (a watchdog shuts the socket down; see :func:`attempt_deadline`).
     An answer cut off by the deadline is a ``transient`` outcome with error
     ``"timeout"``; a status line that arrived in time still decides the outcome.
-    ``session`` carries reused connections (rule 12) and must not be shared
-    between threads; its transport is made deadline-aware on first use
-    (:func:`enforce_deadlines`). pywebpush does the aes128gcm encryption; the
+    ``session`` carries reused connections (rule 12): the runner's
+    :class:`gov.pushclient.PushClient` (keep-alive pools per origin, shared by
+    threads, the deadline kept by giving each blocking step only the time left),
+    or a ``requests.Session``, which must not be shared between threads and whose
+    transport is made deadline-aware on first use (:func:`enforce_deadlines`).
+    pywebpush does the aes128gcm encryption; the
     POST is made here so every header is explicit (rules 1, 5, 6, 7) and a
     redirect is never followed (a 301 turned into a GET answered 200 would look
     accepted).
@@ -197,6 +202,8 @@ def deliver(
         headers["Topic"] = request.topic
     # encode() makes a fresh salt and ephemeral key for every message (rule 5).
     body = WebPusher(subscription.as_info()).encode(request.payload, "aes128gcm")["body"]
+    if isinstance(session, PushClient):
+        return _deliver_with_client(session, subscription.endpoint, headers, body, timeout)
     enforce_deadlines(session, subscription.endpoint)
     with attempt_deadline(timeout) as deadline:
         try:
@@ -235,6 +242,35 @@ def deliver(
                 body=text,
                 error=error,
             )
+
+
+def _deliver_with_client(
+    client: PushClient, endpoint: str, headers: dict[str, str], body: bytes, timeout: float
+) -> PushOutcome:
+    """The POST through a :class:`~gov.pushclient.PushClient`, classified as :func:`deliver` says."""
+    deadline = time.monotonic() + timeout
+    try:
+        response = client.post(endpoint, headers.items(), body, deadline, body_limit=_BODY_READ_LIMIT)
+    except PushTimeout:
+        return PushOutcome("transient", error="timeout")
+    except PushConnectionError as exc:
+        return PushOutcome("transient", error=exc.reason)
+    except socket.gaierror:
+        return PushOutcome("transient", error="name resolution failed")
+    except EndpointRefused as exc:
+        # checked again at connect time: nothing was sent, and nothing about it is transient
+        return PushOutcome("rejected", error=f"endpoint refused: {exc.reason}")
+    except BadRequestTarget as exc:
+        return PushOutcome("rejected", error=f"request error: {exc}")
+    status = response.status
+    error = f"body unreadable: {response.body_error}" if response.body_error else None
+    return PushOutcome(
+        classify_status(status),
+        status=status,
+        retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+        body=response.body.decode("utf-8", "replace")[:MAX_BODY_CHARS] if response.body else "",
+        error=error,
+    )
 
 
 # ---------------------------------------------------------------- the total deadline
