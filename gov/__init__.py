@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from gov.errors import (
     ConfigurationError,
     DatabaseError,
@@ -18,9 +20,37 @@ from gov.errors import (
     PoolTimeout,
     SchemaMismatch,
 )
-from gov.governor import Governor, SendResult, send
-from gov.message import Decision, Message
-from gov.vapid import VapidSigner
+
+if TYPE_CHECKING:
+    from gov.governor import Governor, SendResult, send
+    from gov.message import Decision, Message
+    from gov.vapid import VapidSigner
+
+# Imported on first use (PEP 562), so that `import gov.delivery` (the runner) does not
+# load the governor, the policy code and their dependencies.
+_LAZY = {
+    "Governor": "gov.governor",
+    "SendResult": "gov.governor",
+    "send": "gov.governor",
+    "Decision": "gov.message",
+    "Message": "gov.message",
+    "VapidSigner": "gov.vapid",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gov' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 __all__ = [
     "ConfigurationError",

@@ -11,24 +11,54 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import psycopg
 
-from gov import migrate, policy
 from gov.cli_common import dsn as _dsn
 from gov.cli_common import option, read_stream, read_text_input
 from gov.cli_common import parse_at as _parse_at
 from gov.cli_common import url_option as _url_option
-from gov.db import resolve_url, stop_embedded, translate_errors
 from gov.errors import GovError
-from gov.governor import Governor
-from gov.message import Message
+
+if TYPE_CHECKING:
+    import psycopg
+
+# Commands defined in other modules, imported only when run (or listed by --help): a
+# command imports what it uses, so `gov dispatch --once` starts without alembic, the
+# simulator or the web server. "name": "module:attribute".
+_LAZY_MAIN = {
+    "bench": "gov.bench.cli:bench",
+    "check": "gov.cli_ops:check",
+    "report": "gov.cli_ops:report",
+    "serve": "gov.cli_ops:serve",
+    "simulate": "gov.simulate.cli:simulate",
+    "soak": "gov.soak:soak",
+}
+_LAZY_POLICY = {"whatif": "gov.cli_ops:whatif"}
+_LAZY_DB = {"grant-analyst": "gov.cli_ops:grant_analyst"}
 
 
 class _Group(click.Group):
-    """Turns gov's own errors into one line on stderr and exit 1 (no traceback)."""
+    """Turns gov's own errors into one line on stderr and exit 1 (no traceback), and
+    imports the commands named in ``lazy`` ({name: "module:attribute"}) on first use."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and name in self.lazy:
+            import importlib
+
+            module, _, attribute = self.lazy[name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -40,11 +70,15 @@ class _Group(click.Group):
 
 @contextmanager
 def _connect(url: str | None) -> Iterator[psycopg.Connection[Any]]:
+    import psycopg
+
+    from gov.db import translate_errors
+
     with translate_errors(), psycopg.connect(_dsn(url)) as conn:
         yield conn
 
 
-@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "GOV", "show_default": True})
+@click.group(cls=_Group, lazy=_LAZY_MAIN, context_settings={"auto_envvar_prefix": "GOV", "show_default": True})
 @click.version_option(package_name="gov")
 def main() -> None:
     """gov: the send-rate governor for web push, in PostgreSQL."""
@@ -53,7 +87,7 @@ def main() -> None:
 # ---------------------------------------------------------------- gov db
 
 
-@main.group()
+@main.group(cls=_Group, lazy=_LAZY_DB)
 def db() -> None:
     """Schema migrations and the embedded server."""
 
@@ -62,6 +96,9 @@ def db() -> None:
 @_url_option
 def db_upgrade(database_url: str | None) -> None:
     """Migrate the database to the newest schema (and apply the default policy if none)."""
+    from gov import migrate
+    from gov.db import resolve_url, translate_errors
+
     with translate_errors():
         migrate.upgrade(resolve_url(database_url))
     click.echo(f"gov: schema at {migrate.head()}", err=True)
@@ -71,6 +108,9 @@ def db_upgrade(database_url: str | None) -> None:
 @_url_option
 def db_check(database_url: str | None) -> None:
     """Exit non-zero while migrations are pending."""
+    from gov import migrate
+    from gov.db import resolve_url, translate_errors
+
     with translate_errors():
         todo = migrate.pending(resolve_url(database_url))
     if todo:
@@ -82,13 +122,15 @@ def db_check(database_url: str | None) -> None:
 @db.command("stop")
 def db_stop() -> None:
     """Stop the embedded PostgreSQL under $GOV_DATA_DIR, if it runs."""
+    from gov.db import stop_embedded
+
     click.echo("gov: embedded server stopped" if stop_embedded() else "gov: no embedded server running", err=True)
 
 
 # ---------------------------------------------------------------- gov policy
 
 
-@main.group("policy")
+@main.group("policy", cls=_Group, lazy=_LAZY_POLICY)
 def policy_group() -> None:
     """Show and apply the policy (tiers, windows, caps, quiet hours)."""
 
@@ -97,6 +139,8 @@ def policy_group() -> None:
 @_url_option
 def policy_show(database_url: str | None) -> None:
     """Print the stored policy as TOML."""
+    from gov import policy
+
     with _connect(database_url) as conn:
         click.echo(policy.load_stored(conn).to_toml(), nl=False)
 
@@ -109,6 +153,8 @@ def policy_show(database_url: str | None) -> None:
 @_url_option
 def policy_apply(file: Path, dry_run: bool, drop_held: bool, database_url: str | None) -> None:
     """Load a TOML policy FILE, print its diff against the stored one, and store it."""
+    from gov import policy
+
     text, name = read_text_input(file)
     new = policy.parse_policy(text, name)
     for warning in new.warnings():
@@ -147,6 +193,9 @@ def decide(
     database_url: str | None,
 ) -> None:
     """Decide allow or suppress for one message; print the verdict as JSON."""
+    from gov.governor import Governor
+    from gov.message import Message
+
     message = Message(user_id=user_id, id=message_id, tier=tier, topic=topic, campaign_id=campaign)
     when = _parse_at(at)
     with Governor(_dsn(database_url), pool_size=1) as gov:
@@ -170,6 +219,8 @@ def _signer() -> Any:
 @_url_option
 def subscribe(user_id: str, file: Any, database_url: str | None) -> None:
     """Store a browser's PushSubscription JSON (FILE, or - for stdin) for a user."""
+    from gov.governor import Governor
+
     data = read_stream(file, "the subscription")
     with Governor(_dsn(database_url), pool_size=1) as gov:
         sub_id = gov.subscribe(user_id, data)
@@ -221,6 +272,9 @@ def send(
     database_url: str | None,
 ) -> None:
     """Send one message through the governor; print {"sent": …} as JSON."""
+    from gov.governor import Governor
+    from gov.message import Message
+
     message = Message(
         user_id=user_id, id=message_id, tier=tier, topic=topic, campaign_id=campaign,
         title=title, body=body, url=url, collapse_key=collapse_key, ttl=ttl,
@@ -235,31 +289,38 @@ def send(
 
 @main.command()
 @option("--once", is_flag=True, help="Deliver what is due now, then exit (for cron and tests).")
-@option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests.")
+@option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests per process.")
+@option("--processes", type=click.IntRange(1, 256), default=None, show_default="the machine's cores",
+        help="Runner processes, each with its own workers, connections and name; SIGTERM stops them all.")
 @option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
 @option("--timeout", type=click.FloatRange(0.1), default=10.0,
         help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
 @option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
 @_url_option
-def dispatch(once: bool, workers: int, lease: float, timeout: float, idle: float, database_url: str | None) -> None:
-    """Deliver the outbox through Web Push (loops until interrupted unless --once)."""
-    import signal
-    import threading
+def dispatch(
+    once: bool, workers: int, processes: int | None, lease: float, timeout: float, idle: float,
+    database_url: str | None,
+) -> None:
+    """Deliver the outbox through Web Push (loops until interrupted unless --once).
+
+    Exits non-zero if a runner process fails.
+    """
+    import os
 
     from gov.delivery import Dispatcher
+    from gov.processes import run_dispatchers
 
     signer = _signer()
-    with Dispatcher(_dsn(database_url), signer, workers=workers, lease_s=lease, timeout_s=timeout) as runner:
-        if once:
-            stats = runner.run_once()
-            click.echo(json.dumps({"attempts": stats.attempts, "outcomes": stats.outcomes}))
-            return
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            runner.run_forever(stop, idle_s=idle)
-        except KeyboardInterrupt:
-            stop.set()
+    dsn = _dsn(database_url)
+    result = run_dispatchers(
+        lambda: Dispatcher(dsn, signer, workers=workers, lease_s=lease, timeout_s=timeout),
+        processes or os.cpu_count() or 1, once=once, idle_s=idle,
+    )
+    if once:
+        click.echo(json.dumps({"attempts": result.attempts, "outcomes": result.outcomes}))
+    if not result.ok:
+        click.echo(f"gov: error: a runner process failed (exit codes {result.exit_codes})", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -319,6 +380,9 @@ def send_campaign(
 ) -> None:
     """Send one message to a whole audience, decided in batches; gov dispatch delivers it."""
     from collections import Counter
+
+    from gov.governor import Governor
+    from gov.message import Message
 
     template = Message(
         user_id="-", id=message_id, tier=tier, topic=topic, campaign_id=campaign,
@@ -391,22 +455,6 @@ def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, .
         for scope, window_ms, cap in parsed_caps:
             users.set_user_cap(conn, user_id, scope, window_ms, cap)
     click.echo(f"gov: user {user_id} updated", err=True)
-
-
-def _register_commands() -> None:
-    """The operator and analyst commands live in their own modules; attach them here."""
-    from gov.bench.cli import bench
-    from gov.cli_ops import register
-    from gov.simulate.cli import simulate
-    from gov.soak import soak
-
-    register(main, policy_group, db)
-    main.add_command(bench)
-    main.add_command(simulate)
-    main.add_command(soak)
-
-
-_register_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover

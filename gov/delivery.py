@@ -176,11 +176,14 @@ class Dispatcher:
         )
         return [_Claimed(*row) for row in rows]
 
-    def run_once(self, ids: list[int] | None = None) -> DispatchStats:
-        """Deliver everything due now (or only the rows ``ids``); return what happened."""
+    def run_once(self, ids: list[int] | None = None, stop: threading.Event | None = None) -> DispatchStats:
+        """Deliver everything due now (or only the rows ``ids``); return what happened.
+
+        With ``stop``, a set event ends the drain after the batch in hand (recorded).
+        """
         stats = DispatchStats()
         remaining = None if ids is None else set(ids)
-        while remaining is None or remaining:
+        while (remaining is None or remaining) and not (stop is not None and stop.is_set()):
             began = time.monotonic()  # the lease starts after this, at the claim
             claimed = self.claim(self.batch, None if remaining is None else sorted(remaining))
             if not claimed:
@@ -203,7 +206,7 @@ class Dispatcher:
         """Drain, then poll every ``idle_s`` seconds until ``stop`` is set."""
         while not stop.is_set():
             try:
-                stats = self.run_once()
+                stats = self.run_once(stop=stop)
             except Exception:  # a restart of the database must not end the runner
                 log.exception("dispatch round failed; retrying", extra={"action": "dispatch_error"})
                 stats = DispatchStats()
