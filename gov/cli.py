@@ -296,10 +296,12 @@ def send(
 @option("--timeout", type=click.FloatRange(0.1), default=10.0,
         help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
 @option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
+@option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+        help="Serve this runner's Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).")
 @_url_option
 def dispatch(
     once: bool, workers: int, processes: int | None, lease: float, timeout: float, idle: float,
-    database_url: str | None,
+    metrics_port: int | None, database_url: str | None,
 ) -> None:
     """Deliver the outbox through Web Push (loops until interrupted unless --once).
 
@@ -311,10 +313,16 @@ def dispatch(
     from gov.processes import run_dispatchers
 
     signer = _signer()
+    count = processes or os.cpu_count() or 1
+    if metrics_port is not None:  # before the processes start: the server sums them all (gov.metrics.expose)
+        from gov.metrics import expose
+
+        exposed = expose(metrics_port, processes=count)
+        click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
     dsn = _dsn(database_url)
     result = run_dispatchers(
         lambda: Dispatcher(dsn, signer, workers=workers, lease_s=lease, timeout_s=timeout),
-        processes or os.cpu_count() or 1, once=once, idle_s=idle,
+        count, once=once, idle_s=idle,
     )
     if once:
         click.echo(json.dumps({"attempts": result.attempts, "outcomes": result.outcomes}))

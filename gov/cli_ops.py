@@ -156,11 +156,12 @@ def check(
 @option("--access-log", is_flag=True, help="Log every request.")
 @url_option
 def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: str | None) -> None:
-    """Serve the HTTP API: POST /internal/send, POST /events, /users/{id}/preferences, /healthz.
+    """Serve the HTTP API: /internal/send, /events, /users/{id}/preferences, /healthz, /metrics.
 
     Needs GOV_API_TOKEN (the bearer token of /internal and /users); refuses to start
     without it. With GOV_VAPID_PRIVATE_KEY set it also delivers at once; without, allowed
-    messages wait in the outbox for `gov dispatch`.
+    messages wait in the outbox for `gov dispatch`. GOV_METRICS_TOKEN, if set, is a
+    scrape-only bearer token for /metrics (which also takes GOV_API_TOKEN).
     """
     try:
         from gov import serve as serve_mod
@@ -175,7 +176,7 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
         signer = VapidSigner.from_env()
     serve_mod.serve(
         _dsn(database_url), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
-        access_log=access_log,
+        access_log=access_log, metrics_token=os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None,
     )
 
 

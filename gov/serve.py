@@ -7,10 +7,13 @@ Routes::
     GET  /users/{id}/preferences      a user's time zone, quiet hours, own caps, topic opt-outs
     PUT  /users/{id}/preferences      replace them (all or nothing)
     GET  /healthz                     200 when the database answers, else 503
+    GET  /metrics                     Prometheus text format (gov.metrics): counts only, no user data
     GET  /openapi.json                this API, described
 
 ``/internal/*`` and ``/users/*`` need ``Authorization: Bearer <GOV_API_TOKEN>`` (compared
-in constant time; 401 and nothing written without it). ``/events`` is public, as a
+in constant time; 401 and nothing written without it). ``/metrics`` needs a bearer token
+too, since the server is often reachable from the internet for ``/events``: the scrape-only
+``GOV_METRICS_TOKEN`` (so Prometheus never holds the token that sends), or the API token. ``/events`` is public, as a
 beacon must be: it can only add one event of each kind to a message gov decided for
 that user, so the worst a forger can do is count a click that did not happen once.
 Bodies over 64 KiB are refused with 413 before they are read; malformed JSON is 400,
@@ -34,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import time
 from typing import Any
 
+import prometheus_client
 import psycopg
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gov import metrics as gov_metrics
 from gov import users
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.events import BEACON_EVENTS, InvalidEvent, record_event
@@ -52,6 +57,7 @@ from gov.queries import q
 log = logging.getLogger("gov.serve")
 
 ENV_TOKEN = "GOV_API_TOKEN"
+ENV_METRICS_TOKEN = "GOV_METRICS_TOKEN"
 MAX_BODY_BYTES = 64 * 1024  # bytes: a send is a few hundred; anything near this is abuse
 MIN_TOKEN_LENGTH = 16  # characters: a shorter bearer token can be guessed
 DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: /internal is for your own services
@@ -256,9 +262,17 @@ def put_preferences(conn: psycopg.Connection[Any], user_id: str, doc: Mapping[st
 
 
 def create_app(
-    governor: Governor, token: str, *, max_body: int = MAX_BODY_BYTES, close_on_shutdown: bool = False
+    governor: Governor,
+    token: str,
+    *,
+    max_body: int = MAX_BODY_BYTES,
+    close_on_shutdown: bool = False,
+    metrics_token: str | None = None,
 ) -> Starlette:
     """The ASGI application over ``governor``; ``token`` guards /internal and /users.
+
+    /metrics takes ``token`` or ``metrics_token`` (a scrape-only secret). Creating the app
+    turns on this process's attempt metrics (:func:`gov.metrics.enable`).
 
     With ``close_on_shutdown`` the governor is closed when the server shuts down (its
     lifespan ends); otherwise it stays yours to close.
@@ -268,14 +282,25 @@ def create_app(
             f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters "
             "(the bearer token /internal/send and /users require)"
         )
+    if metrics_token is not None and len(metrics_token.strip()) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
+        )
     expected = token.strip().encode()
+    scrape_tokens = [expected] + ([metrics_token.strip().encode()] if metrics_token is not None else [])
 
-    def authorize(request: Request) -> None:
+    def authorize(request: Request, accepted: list[bytes] | None = None) -> None:
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
         given = value.strip().encode()
-        # compare_digest even for a wrong scheme: the time taken says nothing about the token
-        if not hmac.compare_digest(given, expected) or scheme.lower() != "bearer":
+        # compare_digest even for a wrong scheme: the time taken says nothing about the token;
+        # every accepted token is compared, so the time says nothing about which one matched
+        matches = [hmac.compare_digest(given, secret) for secret in (accepted or [expected])]
+        if not any(matches) or scheme.lower() != "bearer":
             raise HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="gov"'})
+
+    gov_metrics.enable()
+    database = gov_metrics.DatabaseCollector(governor.source.connection)
+    exposition = gov_metrics.Union(prometheus_client.REGISTRY, database)
 
     @_answers
     async def send(request: Request) -> Response:
@@ -335,6 +360,12 @@ def create_app(
     async def openapi(request: Request) -> Response:
         return JSONResponse(OPENAPI)
 
+    @_answers
+    async def metrics(request: Request) -> Response:
+        authorize(request, scrape_tokens)
+        body = await run_in_threadpool(prometheus_client.generate_latest, exposition)
+        return Response(body, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -350,6 +381,7 @@ def create_app(
             Route("/events", events, methods=["POST"]),
             Route("/users/{user_id}/preferences", preferences, methods=["GET", "PUT"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
         ]
     )
@@ -359,6 +391,7 @@ def serve(
     database_url: str,
     *,
     token: str | None,
+    metrics_token: str | None = None,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     signer: Any = None,
@@ -376,7 +409,7 @@ def serve(
         raise ConfigurationError(f"{ENV_TOKEN} is not set: gov serve refuses to start without its bearer token")
     governor = Governor(database_url, signer=signer, pool_size=pool_size)
     try:
-        app = create_app(governor, token, close_on_shutdown=True)
+        app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -548,6 +581,16 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "The server runs and the database answers",
                 "responses": {"200": {"description": "ok"}, "503": _ERROR},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics: decisions, suppressions, depths, delivery (counts only)",
+                "security": _BEARER,
+                "responses": {
+                    "200": {"description": "the Prometheus text format", "content": {"text/plain": {}}},
+                    "401": _ERROR,
+                },
             }
         },
         "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},

@@ -67,3 +67,7 @@ DELETE FROM gov.user_topic_optouts WHERE user_id = %(user_id)s;
 -- name: add_user_topic_optout
 INSERT INTO gov.user_topic_optouts (user_id, topic) VALUES (%(user_id)s, %(topic)s)
 ON CONFLICT (user_id, topic) DO NOTHING;
+
+-- name: metrics
+-- Everything /metrics reads from the database, in one call (gov.metrics_v1).
+SELECT metric, labels, value FROM gov.metrics_v1(%(window_ms)s);

@@ -279,7 +279,7 @@ def test_healthz_and_openapi(client: TestClient, db_url: str) -> None:
     spec = client.get("/openapi.json").json()
     assert spec["openapi"].startswith("3.")
     assert set(spec["paths"]) == {"/internal/send", "/events", "/users/{userId}/preferences", "/healthz",
-                                  "/openapi.json"}
+                                  "/metrics", "/openapi.json"}
     assert spec["components"]["schemas"]["Send"]["required"] == ["userId", "tier", "id", "title"]
     with Governor(db_url, pool_size=1, pool_timeout=0.5) as governor:
         app = create_app(governor, TOKEN)
