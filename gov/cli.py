@@ -295,12 +295,15 @@ def send(
 @option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
 @option("--timeout", type=click.FloatRange(0.1), default=10.0,
         help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
+@option("--batch", type=click.IntRange(1, 10_000), default=None,
+        show_default="as many as the workers can attempt in one lease, at most 4 each",
+        help="Rows claimed (and recorded) together; rows with no time left in the lease go back unsent.")
 @option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
 @option("--metrics-port", type=click.IntRange(0, 65535), default=None,
         help="Serve this runner's Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).")
 @_url_option
 def dispatch(
-    once: bool, workers: int, processes: int | None, lease: float, timeout: float, idle: float,
+    once: bool, workers: int, processes: int | None, lease: float, timeout: float, batch: int | None, idle: float,
     metrics_port: int | None, database_url: str | None,
 ) -> None:
     """Deliver the outbox through Web Push (loops until interrupted unless --once).
@@ -321,7 +324,7 @@ def dispatch(
         click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
     dsn = _dsn(database_url)
     result = run_dispatchers(
-        lambda: Dispatcher(dsn, signer, workers=workers, lease_s=lease, timeout_s=timeout),
+        lambda: Dispatcher(dsn, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout),
         count, once=once, idle_s=idle,
     )
     if once:

@@ -146,6 +146,7 @@ class Dispatcher:
         self.guard = EndpointGuard.from_env(allow_loopback_http)
         # keep-alive connection pools per push-service origin, shared by the worker threads
         self.client = PushClient(self.guard)
+        self._checked: dict[str, float] = {}  # scheme://host:port -> until when its check holds
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
 
     def close(self) -> None:
@@ -291,7 +292,7 @@ class Dispatcher:
         if row.ttl_s <= 0:
             return _attempt(row, origin, PushOutcome("rejected", error="deadline passed before sending"), "expired")
         try:  # a stored endpoint that may not be reached ends its row; the connection checks again
-            self.guard.check_url(row.endpoint)
+            self._check_endpoint(row.endpoint)
         except EndpointRefused as exc:
             return _attempt(row, origin, PushOutcome("rejected", error=f"endpoint refused: {exc.reason}"))
         payload = build_payload(
@@ -328,6 +329,20 @@ class Dispatcher:
                 extra={"action": "vapid_alarm"},
             )
         return _attempt(row, origin, outcome)
+
+    def _check_endpoint(self, endpoint: str) -> None:
+        """The guard's check of ``endpoint``; a pass is remembered per ``scheme://host:port``
+        for as long as the guard keeps a resolution (what the check depends on)."""
+        prefix = endpoint.split("/", 3)[:3]
+        key = "/".join(prefix) if len(prefix) == 3 and prefix[1] == "" else None
+        now = time.monotonic()
+        if key is not None and self._checked.get(key, 0.0) > now:
+            return
+        self.guard.check_url(endpoint)
+        if key is not None and self.guard.cache_s > 0:
+            if len(self._checked) > 10_000:
+                self._checked.clear()
+            self._checked[key] = now + self.guard.cache_s
 
     def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
         """Record a batch's attempts in one call and one commit; return each row's new state.

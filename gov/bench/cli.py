@@ -8,6 +8,7 @@ A failure is one line, ``gov: error: …``, and exit 1.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -108,8 +109,9 @@ from gov.errors import GovError
     "--delivery",
     is_flag=True,
     envvar="GOV_BENCH_DELIVERY",
-    help="Measure deliveries/s to the loopback test push service instead: gov dispatch against a "
-    "naive one-request-at-a-time pywebpush loop, same run, same service.",
+    help="Measure deliveries/s and client CPU per message instead: gov dispatch against a naive "
+    "one-request-at-a-time pywebpush loop, same run, same loopback push service (a counting Node.js "
+    "server, measured alone first).",
 )
 @option(
     "--messages",
@@ -122,8 +124,23 @@ from gov.errors import GovError
     "--workers",
     envvar="GOV_BENCH_WORKERS",
     type=click.IntRange(min=1),
-    default=16,
-    help="With --delivery: the runner's concurrent HTTP workers.",
+    default=4,
+    help="With --delivery: the runner's concurrent HTTP workers per process.",
+)
+@option(
+    "--processes",
+    envvar="GOV_BENCH_PROCESSES",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default="the machine's cores",
+    help="With --delivery: runner processes (gov dispatch --processes).",
+)
+@option(
+    "--verify",
+    is_flag=True,
+    envvar="GOV_BENCH_VERIFY",
+    help="With --delivery: deliver to gov.testing.PushService, which verifies VAPID and decrypts every "
+    "message (a correctness pass; too slow to show the senders' speed).",
 )
 def bench(
     database_url: str | None,
@@ -140,13 +157,15 @@ def bench(
     delivery: bool,
     messages: int,
     workers: int,
+    processes: int | None,
+    verify: bool,
 ) -> None:
     """Measure decisions per second: gov's decide against a SELECT 1 floor and the seeds' Redis scripts.
 
     Compare the × floor column within one run, never absolute figures across runs.
     """
     if delivery:
-        _delivery(database_url, messages, workers, json_path)
+        _delivery(database_url, messages, workers, processes, verify, json_path)
         return
     chosen = tuple(w for w in WORKLOADS if w in workloads or "all" in workloads)
     cfg = BenchConfig(
@@ -177,7 +196,8 @@ def bench(
     report.print(console)
 
 
-def _delivery(database_url: str | None, messages: int, workers: int, json_path: Path | None) -> None:
+def _delivery(database_url: str | None, messages: int, workers: int, processes: int | None, verify: bool,
+              json_path: Path | None) -> None:
     import json
 
     from rich.table import Table
@@ -187,20 +207,32 @@ def _delivery(database_url: str | None, messages: int, workers: int, json_path: 
 
     try:
         with scratch_database(database_url) as dsn:
-            figures = run_delivery_bench(dsn, messages=messages, workers=workers)
+            report = run_delivery_bench(
+                dsn, messages=messages, workers=workers, processes=processes,
+                service="verify" if verify else "count",
+                progress=lambda msg: click.echo(f"gov bench: {msg}", err=True),
+            )
     except (GovError, BenchError, RuntimeError, OSError) as exc:
         click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
         sys.exit(1)
+    figures = report.figures
     naive = figures[0].per_second or 1.0
-    table = Table(title="deliveries to the loopback test push service")
-    for column in ("contender", "messages", "delivered", "seconds", "deliveries/s", "× naive"):
+    where = "the verifying test push service" if verify else "a counting push service"
+    table = Table(title=f"deliveries to {where} on loopback (its own process)")
+    for column in ("contender", "messages", "delivered", "seconds", "messages/s", "× naive", "client CPU ms/msg"):
         table.add_column(column, justify="left" if column == "contender" else "right")
     for f in figures:
         table.add_row(f.contender, f"{f.messages:,}", f"{f.delivered:,}", f"{f.seconds:.2f}",
-                      f"{f.per_second:,.0f}", f"{f.per_second / naive:.2f}")
-    (Console() if sys.stdout.isatty() else Console(width=120)).print(table)
+                      f"{f.per_second:,.0f}", f"{f.per_second / naive:.2f}", f"{f.cpu_ms_per_message:.3f}")
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console.print(table)
+    if report.service_per_second is not None:
+        console.print(f"push service alone (keep-alive, pipelined): {report.service_per_second:,.0f} requests/s")
+    console.print("load average (1, 5, 15 min): before {} · after {} · {} cores".format(
+        ", ".join(f"{x:.2f}" for x in report.load_before), ", ".join(f"{x:.2f}" for x in report.load_after),
+        os.cpu_count()))
     if json_path is not None:
-        json_path.write_text(json.dumps([{**f.__dict__, "per_second": f.per_second} for f in figures], indent=2))
+        json_path.write_text(json.dumps(report.as_json(), indent=2))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -118,15 +118,38 @@ def test_row_lock_variant_refuses_a_schema_without_the_lock_line(monkeypatch: py
         decisions.row_lock_variant()
 
 
-def test_delivery_bench_smoke(tmp_path: Path, pg_server: str) -> None:
-    out = tmp_path / "delivery.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "gov.cli", "bench", "--delivery", "--messages", "60", "--workers", "4",
-         "--json", str(out), "--database-url", pg_server],
+def _delivery_bench(pg_server: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gov.cli", "bench", "--delivery", *args, "--json", str(out),
+         "--database-url", pg_server],
         capture_output=True, text=True, timeout=180,
     )
+
+
+def test_delivery_bench_smoke(tmp_path: Path, pg_server: str) -> None:
+    """Counting push service (Node.js, own process): both contenders deliver everything; the
+    service's own rate, the CPU per message and the load are reported. No figure is judged."""
+    out = tmp_path / "delivery.json"
+    result = _delivery_bench(pg_server, out, "--messages", "60", "--workers", "2", "--processes", "2")
     assert result.returncode == 0, result.stderr
-    figures = json.loads(out.read_text())
-    assert [f["contender"] for f in figures] == ["naive pywebpush loop", "gov dispatch (4 workers)"]
-    assert all(f["delivered"] == 60 and f["per_second"] > 0 for f in figures)  # every message verified by the service
-    assert "deliveries/s" in result.stdout
+    report = json.loads(out.read_text())
+    naive, gov = report["figures"]
+    assert naive["contender"] == "naive pywebpush loop"
+    assert gov["contender"].startswith("gov dispatch (2 processes × 2 workers")
+    for f in (naive, gov):
+        assert f["delivered"] == 60 and f["per_second"] > 0 and f["cpu_ms_per_message"] > 0, f
+    assert report["service"] == "count" and report["service_per_second"] > 0
+    assert len(report["load_before"]) == len(report["load_after"]) == 3
+    for words in ("messages/s", "client CPU ms/msg", "push service alone", "requests/s", "load average"):
+        assert words in result.stdout, words
+
+
+def test_delivery_bench_correctness_pass_on_the_verifying_service(tmp_path: Path, pg_server: str) -> None:
+    """--verify: gov.testing.PushService checks every VAPID token and decrypts every payload;
+    it counts only what it accepted, so both contenders' requests were right."""
+    out = tmp_path / "verified.json"
+    result = _delivery_bench(pg_server, out, "--messages", "24", "--workers", "2", "--processes", "2", "--verify")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["service"] == "verify" and report["service_per_second"] is None
+    assert [f["delivered"] for f in report["figures"]] == [24, 24]

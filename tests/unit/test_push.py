@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from gov.errors import ConfigurationError, InvalidMessage
+from gov.netguard import EndpointGuard
 from gov.push import (
     MAX_PAYLOAD_BYTES,
     PushRequest,
@@ -34,6 +35,7 @@ from gov.push import (
     parse_retry_after,
     topic_for,
 )
+from gov.pushclient import PushClient
 from gov.subscription import Subscription, b64url_decode, b64url_encode, parse_subscription
 from gov.testing import BrowserSubscription, PushService
 from gov.vapid import TOKEN_LIFETIME_S, VapidSigner
@@ -49,10 +51,16 @@ def signer() -> VapidSigner:
     return VapidSigner(ec.generate_private_key(ec.SECP256R1()), SUBJECT)
 
 
-@pytest.fixture
-def session() -> Iterator[requests.Session]:
-    with requests.Session() as session:
-        yield session
+@pytest.fixture(params=["pushclient", "requests"])
+def session(request: pytest.FixtureRequest) -> Iterator[PushClient | requests.Session]:
+    """Both transports deliver accepts: the runner's PushClient (test mode: loopback
+    allowed) and a plain requests.Session."""
+    if request.param == "pushclient":
+        with PushClient(EndpointGuard(allow_loopback=True)) as client:
+            yield client
+    else:
+        with requests.Session() as plain:
+            yield plain
 
 
 def _sub(browser: BrowserSubscription) -> Subscription:
