@@ -32,6 +32,7 @@ rows still to do elsewhere end ``gone`` (gov.record_attempt_v2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -147,6 +148,8 @@ class Dispatcher:
         # keep-alive connection pools per push-service origin, shared by the worker threads
         self.client = PushClient(self.guard)
         self._checked: dict[str, float] = {}  # scheme://host:port -> until when its check holds
+        # (subscription id, endpoint) -> its 404/410, during one drain
+        self._gone_now: dict[tuple[int, str], dict[str, Any]] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
 
     def close(self) -> None:
@@ -181,7 +184,13 @@ class Dispatcher:
         """Deliver everything due now (or only the rows ``ids``); return what happened.
 
         With ``stop``, a set event ends the drain after the batch in hand (recorded).
+        With worker threads, draining is pipelined: while the workers send one batch, this
+        thread records the previous batch's outcomes and claims the next (see
+        :meth:`_run_pipelined`).
         """
+        self._gone_now = {}
+        if ids is None and self._pool is not None:
+            return self._run_pipelined(stop)
         stats = DispatchStats()
         remaining = None if ids is None else set(ids)
         while (remaining is None or remaining) and not (stop is not None and stop.is_set()):
@@ -203,6 +212,52 @@ class Dispatcher:
                 break
         return stats
 
+    def _claim_batch(self) -> tuple[list[_Claimed], float]:
+        began = time.monotonic()  # the lease starts after this, at the claim
+        claimed = self.claim(self.batch)
+        return claimed, began + self.lease_s - self.margin_s  # by then every attempt of it has ended
+
+    def _run_pipelined(self, stop: threading.Event | None) -> DispatchStats:
+        """Drain with the database round trips overlapping the sending.
+
+        While the workers send batch *k*, this thread records batch *k-1* and claims batch
+        *k+1*; batch *k+1* is sent once *k* is done (an endpoint's rows stay in order), each
+        attempt still only while a whole timeout fits in its own batch's lease. An endpoint
+        that answered 404/410 is remembered for the drain, so that its rows in a batch
+        claimed before that answer was recorded are not sent either. Should a database call
+        fail, the batch in flight is still awaited and its record tried before the error
+        goes up (what cannot be recorded is the at-least-once window of docs/states.md).
+        """
+        stats = DispatchStats()
+        unrecorded: list[dict[str, Any]] | None = None
+        claimed, lease_ends = self._claim_batch()
+        more = True
+        while claimed:
+            waiter = self._start_batch(_by_subscription(claimed), lease_ends)
+            try:
+                if unrecorded is not None:
+                    states = self._record(unrecorded)
+                    unrecorded = None
+                    for state in states:
+                        stats.add(state)
+                    if states and all(state == "released" for state in states):
+                        log.warning("no attempt fitted in the lease; leaving the rows to the next round",
+                                    extra={"action": "lease_too_short"})
+                        more = False
+                if stop is not None and stop.is_set():
+                    more = False
+                next_claimed, next_ends = self._claim_batch() if more else ([], 0.0)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._record(waiter())
+                raise
+            unrecorded = waiter()
+            claimed, lease_ends = next_claimed, next_ends
+        if unrecorded is not None:
+            for state in self._record(unrecorded):
+                stats.add(state)
+        return stats
+
     def run_forever(self, stop: threading.Event, idle_s: float = 1.0) -> None:
         """Drain, then poll every ``idle_s`` seconds until ``stop`` is set."""
         while not stop.is_set():
@@ -217,13 +272,21 @@ class Dispatcher:
     # ------------------------------------------------------------ delivering
 
     def _deliver_batch(self, groups: list[list[_Claimed]], lease_ends: float) -> list[dict[str, Any]]:
-        """Send a batch's endpoint groups on up to ``workers`` threads; return every attempt.
+        """Send a batch's endpoint groups on up to ``workers`` threads; return every attempt."""
+        return self._start_batch(groups, lease_ends)()
+
+    def _start_batch(
+        self, groups: list[list[_Claimed]], lease_ends: float
+    ) -> Callable[[], list[dict[str, Any]]]:
+        """Start sending a batch's endpoint groups on up to ``workers`` threads; return a
+        function that waits for the batch and returns every attempt.
 
         Each worker takes the next group when it is done with one (one task per worker per
         batch, not per message: the hand-over costs CPU the interpreter lock makes dear).
         """
         if self._pool is None or len(groups) <= 1:
-            return [a for group in groups for a in self._deliver_group(group, lease_ends)]
+            done = [a for group in groups for a in self._deliver_group(group, lease_ends)]
+            return lambda: done
         todo = iter(groups)
         lock = threading.Lock()
 
@@ -237,7 +300,7 @@ class Dispatcher:
                 done.extend(self._deliver_group(group, lease_ends))
 
         futures = [self._pool.submit(work) for _ in range(min(self.workers, len(groups)))]
-        return [a for future in futures for a in future.result()]
+        return lambda: [a for future in futures for a in future.result()]
 
     def _deliver_group(self, rows: list[_Claimed], lease_ends: float) -> list[dict[str, Any]]:
         """Send one endpoint's rows of a batch, in order; return their attempts.
@@ -247,7 +310,7 @@ class Dispatcher:
         404/410 the endpoint's other rows are not sent: they end ``gone`` with it.
         """
         attempts: list[dict[str, Any]] = []
-        gone: dict[str, Any] | None = None
+        gone = self._gone_now.get((rows[0].subscription_id, rows[0].endpoint)) if rows else None
         for row in rows:
             if gone is not None:
                 error = f"not sent: the endpoint answered {gone['status']} to message {gone['message_id']}"
@@ -259,6 +322,7 @@ class Dispatcher:
                 attempts.append(attempt)
                 if attempt["outcome"] == "gone":
                     gone = {**attempt, "message_id": row.message_id}
+                    self._gone_now[(row.subscription_id, row.endpoint)] = gone  # for a batch claimed before
         return attempts
 
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:

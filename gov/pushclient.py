@@ -80,12 +80,13 @@ class _Target:
 
 
 class _Connection:
-    __slots__ = ("buffer", "key", "sock")
+    __slots__ = ("answered", "buffer", "key", "sock")
 
     def __init__(self, sock: socket.socket, key: tuple[str, str, int]) -> None:
         self.sock = sock
         self.buffer = bytearray()
         self.key = key
+        self.answered = False  # some byte of an answer to the current request arrived
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -200,11 +201,22 @@ class PushClient:
         lines.append(b"\r\n")
         head = b"".join(lines)
         conn = self._take(target.key)
-        if conn is None:
-            conn = self._connect(target.key, deadline)
+        if conn is not None:
+            try:
+                return self._exchange(conn, head + body, deadline, body_limit)
+            except PushConnectionError:
+                if conn.answered:
+                    raise
+                # A kept-alive connection the server closed as we reused it (the race every
+                # keep-alive client has): nothing of an answer came back. Once more, on a new
+                # connection; at worst a duplicate, which delivery is built to bear (at least once).
+        return self._exchange(self._connect(target.key, deadline), head + body, deadline, body_limit)
+
+    def _exchange(self, conn: _Connection, request: bytes, deadline: float, body_limit: int) -> Response:
         reusable = False
+        conn.answered = False
         try:
-            _send(conn.sock, head + body, deadline)
+            _send(conn.sock, request, deadline)
             response, reusable = _read_response(conn, deadline, body_limit)
             return response
         finally:
@@ -301,7 +313,10 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
 def _recv(conn: _Connection, deadline: float) -> bytes:
     conn.sock.settimeout(_remaining(deadline))
     try:
-        return conn.sock.recv(_RECV)
+        data = conn.sock.recv(_RECV)
+        if data:
+            conn.answered = True
+        return data
     except TimeoutError:
         raise PushTimeout() from None
     except ssl.SSLError:

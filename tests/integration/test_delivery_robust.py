@@ -386,6 +386,24 @@ def test_a_410_ends_the_endpoints_other_rows_without_a_request(
     )
 
 
+def test_a_410_ends_the_endpoints_rows_in_a_batch_claimed_before_it_was_recorded(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """The runner claims batch k+1 while batch k is being sent (pipelined): a 410 in batch
+    k still keeps the endpoint's rows of batch k+1 from being sent."""
+    dead = push.subscribe("dead")
+    gov.subscribe("u", dead.info)
+    push.script(dead, [410])
+    for mid in ("m1", "m2", "m3", "m4"):
+        gov.send(Message(user_id="u", id=mid, tier="P0", title=mid), deliver=False)
+    with Dispatcher(db_url, signer, workers=2, batch=1, clock=clock) as runner:
+        stats = runner.run_once()  # one row per batch: m2 is claimed while m1 is sent
+    assert [r.status for r in push.requests_for(dead)] == [410], "a row was sent after the 410"
+    assert stats.outcomes.get("gone", 0) >= 2 and set(stats.outcomes) <= {"gone"}, stats.outcomes
+    for mid in ("m1", "m2", "m3", "m4"):
+        assert outbox(conn, mid)["state"] == "gone", mid
+
+
 def test_a_row_queued_for_an_already_retired_endpoint_is_not_sent(
     db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
 ) -> None:

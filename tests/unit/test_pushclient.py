@@ -148,6 +148,21 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(client: PushCli
     assert server.connections == 3
 
 
+def test_a_reused_connection_closed_without_an_answer_is_tried_once_more_on_a_new_one(
+    client: PushClient, serve: Any
+) -> None:
+    def once_then_drop(conn: socket.socket, n: int) -> None:
+        buffer = bytearray()
+        _read_request(conn, buffer)
+        conn.sendall(CREATED)
+        _read_request(conn, buffer)  # the second request on this connection: read, never answered
+
+    server = serve(once_then_drop)
+    assert client.post(server.url(), HEADERS, b"x", _deadline()).status == 201
+    assert client.post(server.url(), HEADERS, b"y", _deadline()).status == 201
+    assert server.connections == 2
+
+
 def test_connection_close_and_http_1_0_are_not_reused(client: PushClient, serve: Any) -> None:
     server = serve(answering(b"HTTP/1.1 201 Created\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
                              b"HTTP/1.0 201 Created\r\nContent-Length: 0\r\n\r\n"))
