@@ -323,6 +323,10 @@ def dispatch(
         exposed = expose(metrics_port, processes=count)
         click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
     dsn = _dsn(database_url)
+    if count > 1:
+        from gov.push import preload
+
+        preload()  # once, in the parent: the forked runners share it
     result = run_dispatchers(
         lambda: Dispatcher(dsn, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout),
         count, once=once, idle_s=idle,

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import requests
-from pywebpush import WebPusher
 from urllib3.connection import HTTPConnection
 
 from gov.errors import ConfigurationError, InvalidMessage
@@ -164,6 +163,12 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - now)
 
 
+def preload() -> None:
+    """Import what the first message needs (pywebpush and its dependencies) now: before
+    forking runner processes, so that each does not import it again."""
+    import pywebpush  # noqa: F401
+
+
 def deliver(
     request: PushRequest,
     signer: Authorizer,
@@ -200,6 +205,10 @@ def deliver(
     }
     if request.topic is not None:
         headers["Topic"] = request.topic
+    # Imported at the first message, not at start: pywebpush brings aiohttp along, and a
+    # `gov dispatch --once` that finds nothing to send should not pay for it.
+    from pywebpush import WebPusher
+
     # encode() makes a fresh salt and ephemeral key for every message (rule 5).
     body = WebPusher(subscription.as_info()).encode(request.payload, "aes128gcm")["body"]
     if isinstance(session, PushClient):

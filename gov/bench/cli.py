@@ -124,8 +124,9 @@ from gov.errors import GovError
     "--workers",
     envvar="GOV_BENCH_WORKERS",
     type=click.IntRange(min=1),
-    default=4,
-    help="With --delivery: the runner's concurrent HTTP workers per process.",
+    default=2,
+    help="With --delivery: the runner's concurrent HTTP workers per process (on loopback two keep a "
+    "process busy; real push services, tens of milliseconds away, want more: gov dispatch's default is 8).",
 )
 @option(
     "--processes",

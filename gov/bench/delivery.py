@@ -296,7 +296,7 @@ def _gov(dsn: str, signer: VapidSigner, processes: int, workers: int, batch: int
 
 
 def run_delivery_bench(
-    dsn: str, messages: int = 2000, workers: int = 4, processes: int | None = None, subscriptions: int = 500,
+    dsn: str, messages: int = 2000, workers: int = 2, processes: int | None = None, subscriptions: int = 500,
     service: str = "count", batch: int | None = None, progress: Any = None,
 ) -> DeliveryReport:
     """Deliver ``messages`` both ways to one push service; return the figures of each."""
