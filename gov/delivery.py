@@ -7,8 +7,8 @@ lease runs out another runner reclaims them.
 
 One runner per row at a time (invariant 12):
 
-* every attempt has a *total* deadline (connect, send and read: ``timeout_s``, enforced
-  by a watchdog that shuts the socket down, see :mod:`gov.push`), and a runner refuses
+* every attempt has a *total* deadline (connect, send and read: ``timeout_s``; each
+  blocking step gets only the time left, see :mod:`gov.pushclient`), and a runner refuses
   a timeout that is not shorter than its lease;
 * a batch starts an attempt only while a whole ``timeout_s`` still fits in its lease
   (less a margin kept for recording); the rows it has no time left for are handed back

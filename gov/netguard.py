@@ -18,10 +18,11 @@ it: without a check, it is a way into the operator's network (SSRF). The policy:
 
 It is checked when a subscription is stored (:meth:`EndpointGuard.check_url`, from
 :func:`gov.subscription.parse_subscription` and :meth:`gov.Governor.subscribe`), and again
-by the runner at connect time: :func:`guarded_session` gives a ``requests`` session whose
-connections resolve the host once, check every address, and open the socket to the
-address checked, while TLS (SNI and the certificate) is still verified against the host
-name. A DNS answer that changes between the check and the connect (DNS rebinding) cannot
+by the runner at connect time: its :class:`gov.pushclient.PushClient` opens each new
+connection to an address :meth:`EndpointGuard.addresses` returned (the host resolved
+once, every address checked), and :func:`guarded_session` gives a ``requests`` session
+whose connections do the same; TLS (SNI and the certificate) is still verified against
+the host name. A DNS answer that changes between the check and the connect (DNS rebinding) cannot
 redirect the runner; the session also ignores proxy settings from the environment, which
 would otherwise be the address checked.
 """

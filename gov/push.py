@@ -5,11 +5,13 @@ No database here: :func:`deliver` takes a validated request and returns a
 what to do with the outcome (retire, retry, alarm) is the caller's job.
 
 Every attempt has a *total* deadline (connect, send and read together), not
-only the per-read timeout of ``requests``: a push service that trickles its
-answer one byte at a time would otherwise hold an attempt for as long as it
-likes. A watchdog thread shuts the attempt's socket down when its deadline
-passes (:func:`attempt_deadline`); the runner keeps the deadline shorter than
-its lease (invariant 12). Name resolution is the one step it cannot cut short.
+only a per-read timeout: a push service that trickles its answer one byte at a
+time would otherwise hold an attempt for as long as it likes. The runner's
+:class:`gov.pushclient.PushClient` gives every blocking step only the time left;
+for a ``requests`` session a watchdog thread shuts the attempt's socket down
+when its deadline passes (:func:`attempt_deadline`). The runner keeps the
+deadline shorter than its lease (invariant 12). Name resolution is the one step
+neither can cut short.
 """
 
 from __future__ import annotations
