@@ -49,9 +49,12 @@ class PushTimeout(Exception):
 class PushConnectionError(Exception):
     """The connection failed; ``reason`` is short and stable (``"connection reset"``, …)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, unsent: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        #: the request could not be sent, or the server closed the connection without a word
+        #: (no answer, no reset): what a kept-alive connection closed under us looks like
+        self.unsent = unsent
 
 
 class BadRequestTarget(ValueError):
@@ -204,12 +207,14 @@ class PushClient:
         if conn is not None:
             try:
                 return self._exchange(conn, head + body, deadline, body_limit)
-            except PushConnectionError:
-                if conn.answered:
+            except PushConnectionError as exc:
+                if conn.answered or not exc.unsent:
                     raise
                 # A kept-alive connection the server closed as we reused it (the race every
-                # keep-alive client has): nothing of an answer came back. Once more, on a new
-                # connection; at worst a duplicate, which delivery is built to bear (at least once).
+                # keep-alive client has): the request could not be written, or the connection
+                # ended cleanly with no answer. Once more, on a new connection; at worst a
+                # duplicate, which delivery is built to bear (at least once). A reset or a
+                # partial answer is not retried here: the row's retry policy decides.
         return self._exchange(self._connect(target.key, deadline), head + body, deadline, body_limit)
 
     def _exchange(self, conn: _Connection, request: bytes, deadline: float, body_limit: int) -> Response:
@@ -307,7 +312,7 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
     except TimeoutError:
         raise PushTimeout() from None
     except OSError as exc:
-        raise PushConnectionError(_describe(exc)) from None
+        raise PushConnectionError(_describe(exc), unsent=True) from None
 
 
 def _recv(conn: _Connection, deadline: float) -> bytes:
@@ -345,9 +350,9 @@ def _read_response(conn: _Connection, deadline: float, body_limit: int) -> tuple
                 raise PushConnectionError("answer headers too large")
             chunk = _recv(conn, deadline)
             if not chunk:
-                raise PushConnectionError(
-                    "connection closed without response" if not buffer else "connection closed mid-answer"
-                )
+                if not buffer:
+                    raise PushConnectionError("connection closed without response", unsent=True)
+                raise PushConnectionError("connection closed mid-answer")
             buffer += chunk
             end = buffer.find(b"\r\n\r\n", max(0, len(buffer) - len(chunk) - 3))
         head = bytes(buffer[:end]).decode("latin-1")

@@ -142,9 +142,18 @@ def test_one_connection_per_origin_is_kept_alive(client: PushClient, serve: Any)
 
 
 def test_a_connection_the_server_closed_while_idle_is_not_reused(client: PushClient, serve: Any) -> None:
-    server = serve(answering(CREATED, close=True))  # answers, then closes without a word
+    closed = threading.Semaphore(0)
+
+    def answer_then_close(conn: socket.socket, _n: int) -> None:
+        _read_request(conn, bytearray())
+        conn.sendall(CREATED)
+        conn.close()  # without a word, while the client keeps the connection idle
+        closed.release()
+
+    server = serve(answer_then_close)
     for _ in range(3):
         assert client.post(server.url(), HEADERS, b"x", _deadline()).status == 201
+        assert closed.acquire(timeout=5)
     assert server.connections == 3
 
 
