@@ -125,7 +125,8 @@ BEGIN
     -- The earliest moment that clears the blocking window and the user's quiet hours.
     v_planned := gov.quiet_until(p_user_id, p_now + p_retry_ms * interval '1 millisecond');
     IF v_kind = 'defer' THEN
-        v_give_up := p_now + coalesce(v_tier.defer_max_ms, 21600000) * interval '1 millisecond';
+        -- the policy stores defer_max for every defer tier; the code holds no caps of its own
+        v_give_up := p_now + v_tier.defer_max_ms * interval '1 millisecond';
         IF v_planned > v_give_up THEN
             o_action := 'drop';
             o_reason := 'defer_expired';
