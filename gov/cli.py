@@ -20,6 +20,7 @@ from gov.cli_common import option, read_stream, read_text_input
 from gov.cli_common import parse_at as _parse_at
 from gov.cli_common import url_option as _url_option
 from gov.errors import GovError
+from gov.message import MAX_TTL_S
 
 if TYPE_CHECKING:
     import psycopg
@@ -251,7 +252,7 @@ def vapid_generate(path: Path) -> None:
 @option("--url", default=None, help="URL opened on click.")
 @option("--topic", default=None, help="Topic, for per-topic caps.")
 @option("--collapse-key", default=None, help="Messages with one key replace each other (tag and Topic).")
-@option("--ttl", type=click.IntRange(1, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--ttl", type=click.IntRange(1, MAX_TTL_S), default=None, help="Seconds the push service keeps it.")
 @option("--campaign", default=None, help="Campaign id, logged with a suppression.")
 @option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
 @option("--deliver/--no-deliver", default=True, help="Attempt delivery now (else leave it to gov dispatch).")
@@ -316,13 +317,13 @@ def dispatch(
     from gov.processes import run_dispatchers
 
     signer = _signer()
+    dsn = _dsn(database_url, check_schema=True)
     count = processes or os.cpu_count() or 1
     if metrics_port is not None:  # before the processes start: the server sums them all (gov.metrics.expose)
         from gov.metrics import expose
 
         exposed = expose(metrics_port, processes=count)
         click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
-    dsn = _dsn(database_url)
     if count > 1:
         from gov.push import preload
 
@@ -355,7 +356,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
 
     when = _parse_at(at)
     clock = (lambda: when) if when is not None else None
-    dsn = _dsn(database_url)
+    dsn = _dsn(database_url, check_schema=True)
     runner = Dispatcher(dsn, _signer(), workers=4, clock=clock) if dispatch else None
     try:
         releaser = Releaser(runner.source if runner else dsn, dispatcher=runner, batch=batch, clock=clock)
@@ -383,7 +384,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
 @option("--url", default=None, help="URL opened on click.")
 @option("--topic", default=None, help="Topic, for per-topic caps.")
 @option("--collapse-key", default=None, help="Messages with one key replace each other.")
-@option("--ttl", type=click.IntRange(1, 28 * 86400), default=None, help="Seconds the push service keeps it.")
+@option("--ttl", type=click.IntRange(1, MAX_TTL_S), default=None, help="Seconds the push service keeps it.")
 @option("--campaign", default=None, help="Campaign id, logged with each suppression.")
 @option("--batch", type=click.IntRange(1, 5000), default=500, help="Users per transaction.")
 @option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
@@ -461,12 +462,12 @@ def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, .
             parsed_caps.append((scope, parse_duration(window, "--cap window"), int(number)))
         except ValueError:
             raise GovError(f"--cap {spec!r}: expected SCOPE:WINDOW=N, e.g. P2:24h=1") from None
-    window = None if quiet in (None, "default") else users.parse_quiet(quiet)
+    quiet_window = None if quiet in (None, "default") else users.parse_quiet(quiet)
     with _connect(database_url) as conn, conn.transaction():
         if tz is not None:
             users.set_time_zone(conn, user_id, tz)
         if quiet is not None:
-            users.set_quiet_hours(conn, user_id, window)
+            users.set_quiet_hours(conn, user_id, quiet_window)
         for scope, window_ms, cap in parsed_caps:
             users.set_user_cap(conn, user_id, scope, window_ms, cap)
     click.echo(f"gov: user {user_id} updated", err=True)

@@ -34,16 +34,24 @@ def url_option(fn: F) -> F:
     )(fn)
 
 
-def dsn(url: str | None) -> str:
+def dsn(url: str | None, *, check_schema: bool = False) -> str:
     """The database to use. The embedded default (no URL given, none in the environment,
-    which click passes as ``url``) is ours: it is brought to head on first use."""
-    from gov import migrate
+    which click passes as ``url``) is ours: it is brought to head on first use. A database
+    named by the user is never migrated behind their back; with ``check_schema`` (the
+    long-running commands: dispatch, release, serve) it must be at this code's head, or
+    the command refuses with one line naming both revisions (gov.SchemaMismatch)."""
     from gov.db import resolve_url, translate_errors
 
     with translate_errors():
         resolved = resolve_url(url)
         if url is None:
+            from gov import migrate
+
             migrate.upgrade(resolved)
+        elif check_schema:
+            from gov.schema_version import require_head
+
+            require_head(resolved)
     return resolved
 
 

@@ -165,8 +165,8 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
     """
     try:
         from gov import serve as serve_mod
-    except ImportError as exc:  # starlette and uvicorn are the [serve] extra
-        raise GovError(f"gov serve needs starlette and uvicorn: pip install 'gov[serve]' ({exc})") from None
+    except ImportError as exc:  # starlette and uvicorn are dependencies of gov: a broken install
+        raise GovError(f"gov serve needs starlette and uvicorn (dependencies of gov; reinstall it): {exc}") from None
 
     token = os.environ.get(serve_mod.ENV_TOKEN)
     signer = None
@@ -175,7 +175,7 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
 
         signer = VapidSigner.from_env()
     serve_mod.serve(
-        _dsn(database_url), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
+        _dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
         access_log=access_log, metrics_token=os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None,
     )
 

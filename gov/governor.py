@@ -238,9 +238,17 @@ def send(message: Message, *, at: datetime | None = None) -> dict[str, Any]:
     global _default
     with _default_lock:
         if _default is None:
-            from gov.db import resolve_url
+            from gov.errors import ConfigurationError
             from gov.vapid import VapidSigner
 
+            # The library never falls back to the CLI's embedded server: an app that forgot
+            # its database URL must hear so, not write to a scratch database.
+            url = os.environ.get("GOV_DATABASE_URL", "").strip()
+            if not url:
+                raise ConfigurationError(
+                    "gov.send() needs GOV_DATABASE_URL (a postgresql:// URL); "
+                    "or build gov.Governor(url, signer=...) yourself"
+                )
             signer = VapidSigner.from_env()
-            _default = Governor(resolve_url(None), signer=signer)
+            _default = Governor(url, signer=signer)
     return _default.send(message, at=at).as_json()

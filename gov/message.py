@@ -10,7 +10,8 @@ from gov.errors import InvalidMessage
 
 TIER_FORM = re.compile(r"^P[0-9]$")
 MAX_ID_LENGTH = 256  # characters, for user ids, message ids, topics, campaigns, collapse keys
-MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
+MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most (the one place in
+#                          Python; the CHECK constraints on gov.tiers and gov.message_content mirror it)
 
 
 def is_utf8(value: str) -> bool:

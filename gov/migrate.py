@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -13,16 +13,11 @@ from sqlalchemy import create_engine, text
 from alembic import command, op
 from gov.db import sqlalchemy_url
 from gov.queries import sql_dir
+from gov.schema_version import VERSION_TABLE, alembic_dir, require_head
 
-VERSION_TABLE = "gov_alembic_version"
+__all__ = ["VERSION_TABLE", "alembic_dir", "current", "downgrade", "head", "pending", "require_head", "upgrade"]
 
-
-def alembic_dir() -> Path:
-    """The migrations: packaged as gov/_alembic in a wheel, ./alembic in a checkout."""
-    packaged = Path(__file__).parent / "_alembic"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "alembic"
+T = TypeVar("T")
 
 
 def run_sql_file(relative: str) -> None:
@@ -30,7 +25,9 @@ def run_sql_file(relative: str) -> None:
     sql = (sql_dir() / relative).read_text(encoding="utf-8")
     # Sent through psycopg without parameters, so '%' in PL/pgSQL RAISE is not a placeholder;
     # same connection, so same transaction as Alembic's version bookkeeping.
-    op.get_bind().connection.driver_connection.execute(sql)
+    raw = op.get_bind().connection.driver_connection
+    assert raw is not None  # a live migration's connection always has its driver connection
+    raw.execute(sql)
 
 
 def _config(connection: Any) -> Config:
@@ -42,7 +39,7 @@ def _config(connection: Any) -> Config:
     return cfg
 
 
-def _run(url: str, fn: Any, *args: Any) -> Any:
+def _run(url: str, fn: Callable[..., T], *args: Any) -> T:
     engine = create_engine(sqlalchemy_url(url))
     try:
         with engine.begin() as conn:

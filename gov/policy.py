@@ -18,13 +18,13 @@ from typing import Any
 import psycopg
 
 from gov.errors import PolicyError
+from gov.message import MAX_TTL_S
 from gov.queries import q
 
 VERBS = ("drop", "defer", "collapse")
 URGENCIES = ("very-low", "low", "normal", "high")
 DEFAULT_DEFER_MAX_MS = 6 * 3600 * 1000  # milliseconds: the seeds' ceiling on a deferral
 DEFAULT_TTL_S = 86400  # seconds
-MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most
 MAX_DURATION_MS = 366 * 86_400_000  # milliseconds: no window, TTL or wait is longer than a year
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
@@ -39,10 +39,6 @@ class Window:
 
     window_ms: int
     cap: int
-
-    @property
-    def rule_name(self) -> str:
-        return f"cap_{self.window_ms}ms"
 
 
 @dataclass(frozen=True)
@@ -115,17 +111,6 @@ class Policy:
                     "group's slot opens (collapse then deletes instead of compressing)"
                 )
         return out
-
-    def default_window_cap(self, scope: str, window_ms: int) -> int | None:
-        """The default cap a user's own cap for (scope, window) must not exceed."""
-        if scope == "global":
-            windows = self.global_windows
-        elif scope == "topic":
-            windows = self.topics.get("*", ())
-        else:
-            tier = self.tiers.get(scope)
-            windows = tier.windows if tier else ()
-        return next((w.cap for w in windows if w.window_ms == window_ms), None)
 
 
 def _windows_toml(windows: tuple[Window, ...]) -> str:
@@ -297,7 +282,8 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         except ValueError as exc:
             raise refuse(section, "ttl", str(exc)) from None
         if ttl_ms % 1000 or ttl_ms > MAX_TTL_S * 1000:
-            raise refuse(section, "ttl", f"tier {name}: ttl must be whole seconds, at most 28d")
+            most = format_duration(MAX_TTL_S * 1000)
+            raise refuse(section, "ttl", f"tier {name}: ttl must be whole seconds, at most {most}")
         urgency = raw.get("urgency", "high" if exempt else "normal")
         if urgency not in URGENCIES:
             raise refuse(section, "urgency", f"tier {name}: urgency must be one of {', '.join(URGENCIES)}")

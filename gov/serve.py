@@ -35,7 +35,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import time
-from typing import Any
+from typing import Any, cast
 
 import prometheus_client
 import psycopg
@@ -50,7 +50,7 @@ from gov import users
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.events import BEACON_EVENTS, InvalidEvent, record_event
 from gov.governor import Governor
-from gov.message import MAX_ID_LENGTH, Message
+from gov.message import MAX_ID_LENGTH, MAX_TTL_S, Message
 from gov.policy import format_duration, parse_clock, parse_duration
 from gov.queries import q
 
@@ -325,9 +325,9 @@ def create_app(
         if event not in BEACON_EVENTS:
             raise HTTPError(422, f"unknown event {event!r}: expected one of {', '.join(BEACON_EVENTS)}")
         try:
-            await run_in_threadpool(
-                record_event, governor, data.get("userId"), data.get("messageId"), event, data.get("subscriptionId")
-            )
+            # record_event refuses anything that is not an id (check_event takes any object)
+            user_id, message_id = cast(str, data.get("userId")), cast(str, data.get("messageId"))
+            await run_in_threadpool(record_event, governor, user_id, message_id, event, data.get("subscriptionId"))
         except InvalidEvent as exc:
             raise HTTPError(422, str(exc)) from None
         return Response(status_code=204)
@@ -463,7 +463,7 @@ OPENAPI: dict[str, Any] = {
                     "url": {"type": "string"},
                     "topic": {"type": "string"},
                     "collapseKey": {"type": "string"},
-                    "ttl": {"type": "integer", "minimum": 0, "maximum": 2419200},
+                    "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_TTL_S},
                     "campaignId": {"type": "string"},
                 },
             },

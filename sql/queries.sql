@@ -82,11 +82,6 @@ SELECT outbox_id, claim_token, user_id, message_id, tier, attempts, subscription
        content, collapse_key, ttl_s, urgency
   FROM gov.claim_outbox_v2(%(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)s);
 
--- name: record_attempt
-SELECT gov.record_attempt_v2(%(outbox_id)s, %(claim_token)s, %(worker)s, %(origin)s, %(outcome)s, %(status)s,
-                             %(retry_after_ms)s, %(error)s, %(max_attempts)s, %(backoff_ms)s,
-                             %(backoff_cap_ms)s, %(now)s);
-
 -- ---- queue and user settings (issue 4)
 
 -- name: release_due

@@ -22,6 +22,7 @@ CREATE TABLE gov.tiers (
     -- an exempt tier has no verb: it can never be suppressed
     CONSTRAINT tiers_exempt_has_no_verb CHECK (exempt = (on_exceed IS NULL)),
     CONSTRAINT tiers_defer_max_positive CHECK (defer_max_ms IS NULL OR defer_max_ms > 0),
+    -- 2419200 s = 28 days: mirrors gov.message.MAX_TTL_S
     CONSTRAINT tiers_ttl_range CHECK (default_ttl_s BETWEEN 0 AND 2419200),
     CONSTRAINT tiers_urgency_known CHECK (urgency IN ('very-low', 'low', 'normal', 'high')),
     -- high wakes sleeping devices: transactional only (WEBPUSH.md rule 2)
@@ -207,6 +208,7 @@ CREATE TABLE gov.message_content (
     ttl_s        integer     NOT NULL,
     expires_at   timestamptz NOT NULL,
     PRIMARY KEY (user_id, message_id),
+    -- 2419200 s = 28 days: mirrors gov.message.MAX_TTL_S
     CONSTRAINT message_content_ttl_range CHECK (ttl_s BETWEEN 0 AND 2419200)
 );
 
