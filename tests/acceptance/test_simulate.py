@@ -27,6 +27,7 @@ def gov_simulate(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_one_seed_one_summary(pg_server: str) -> None:
     args = ("--users", "60", "--days", "3", "--seed", "7", "--database-url", pg_server)
     first, second = gov_simulate(*args), gov_simulate(*args)
@@ -84,6 +85,7 @@ def test_p0_is_all_delivered_and_the_queue_really_worked(kept_run: tuple[Any, st
         assert one("SELECT count(*) FROM gov.push_events WHERE event = 'click'") > 0
 
 
+@pytest.mark.slow
 def test_compare_the_governor_lowers_p90_and_unsubscribes(pg_server: str, tmp_path: Path) -> None:
     page = tmp_path / "sim.html"
     r = gov_simulate("--users", "150", "--days", "7", "--seed", "1", "--compare", "--html", str(page),

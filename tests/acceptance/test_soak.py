@@ -28,6 +28,7 @@ def soak(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_short_soak_loses_nothing(pg_server: str) -> None:
     run = soak("--seconds", "10", "--senders", "4", "--users", "200", "--database-url", pg_server, "--json")
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"

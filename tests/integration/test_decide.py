@@ -11,6 +11,7 @@ import pytest
 
 from gov import Governor, InvalidMessage, Message, PolicyError
 from gov import policy as policy_mod
+from gov.queue import Releaser
 from gov.users import set_user_cap
 
 DAY_MS = 86_400_000
@@ -304,3 +305,36 @@ def test_topic_opt_out_drops_whatever_the_verb(governor: Governor, conn: psycopg
     assert governor.decide(msg("u", "news", "P2", topic="news"), at=T0).allowed
     assert governor.decide(msg("u", "otp", "P0", topic="promos"), at=T0).allowed  # P0 is never suppressed
     assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id LIKE '%%promo'") == 0
+
+
+SENT: list[Any] = []  # every parameter RecordingCursor passed on
+
+
+class RecordingCursor(psycopg.Cursor[Any]):
+    """Keeps every parameter gov sends, to show which clock a statement was given."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        SENT.extend(params.values() if isinstance(params, dict) else (params or ()))
+        return super().execute(query, params, **kwargs)
+
+
+def _times_sent(db_url: str, clock: Any) -> list[datetime]:
+    """Decide, send and release once through a connection that records the parameters."""
+    SENT.clear()
+    with psycopg.connect(db_url, autocommit=True, cursor_factory=RecordingCursor) as c:
+        gov = Governor(c, clock=clock)
+        assert gov.decide(msg("u", "m1", "P2")).allowed
+        gov.send(Message(user_id="u", id="m2", tier="P1", title="t"), deliver=False)
+        Releaser(gov.source, clock=clock).run_once()
+    return [v for v in SENT if isinstance(v, datetime)]
+
+
+def test_with_no_clock_given_the_database_clock_decides(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """Invariant 2: the host's clock never becomes a decision's time.
+
+    The host and the server share a clock here, so a skew test could not tell them apart;
+    what the SQL is given can: no time at all, so the statement reads clock_timestamp().
+    """
+    assert _times_sent(db_url, None) == []
+    # the recorder does see a time when one is given: the simulation clock's
+    assert set(_times_sent(db_url, lambda: T0)) == {T0}

@@ -333,15 +333,29 @@ def test_four_runners_deliver_each_row_exactly_once(
 def test_killed_runner_loses_nothing(db_url: str, push: PushService, key_path: Path,
                                      conn: psycopg.Connection[Any]) -> None:
     endpoints = _fill_outbox(db_url, push, 400)
-    victim = _runner(db_url, key_path, "--workers", "4", "--lease", "1", "--timeout", "0.5")
+    victim = _runner(db_url, key_path, "--processes", "1", "--workers", "4", "--lease", "1", "--timeout", "0.5")
+    held_by_victim = (
+        "SELECT count(*) FROM gov.outbox WHERE state = 'sending' AND leased_by LIKE %s"
+    )
+    victim_name = f"%:{victim.pid}:%"  # runners name themselves host:pid:…
     deadline = time.monotonic() + 60
-    while len(_deliveries(push)) < 100 and time.monotonic() < deadline:
+    while True:
+        assert time.monotonic() < deadline, "the runner never held a lease after 100 deliveries"
+        if len(_deliveries(push)) >= 100:
+            # frozen, it can neither record nor claim: what it holds now is what the kill strands
+            os.kill(victim.pid, signal.SIGSTOP)
+            held = conn.execute(held_by_victim, (victim_name,)).fetchone()
+            if held is not None and held[0] > 0:
+                break
+            os.kill(victim.pid, signal.SIGCONT)  # between batches: let it claim the next one
         time.sleep(0.01)  # watching a real process, not letting time pass
     os.kill(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=10)
     seen_at_kill = len(_deliveries(push))
     assert 0 < seen_at_kill < 400, "the runner must be killed mid-batch"
-    leased = conn.execute("SELECT count(*) FROM gov.outbox WHERE state = 'sending'").fetchone()
+    leased = conn.execute(held_by_victim, (victim_name,)).fetchone()
+    assert leased is not None and leased[0] > 0, "the victim held no row at the kill"
+    assert conn.execute("SELECT count(*) FROM gov.outbox WHERE state = 'sending'").fetchone() == leased
     time.sleep(1.1)  # the lease is wall-clock time on the database: let the victim's lease run out
     rescuer = _runner(db_url, key_path, "--once", "--workers", "4")
     _, err = rescuer.communicate(timeout=120)

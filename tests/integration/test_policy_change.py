@@ -10,6 +10,7 @@ import pytest
 
 from gov import Governor, Message, PolicyError
 from gov import policy as policy_mod
+from gov.users import set_user_cap
 
 WITHOUT_P2 = policy_mod.default_policy_text().replace(
     '''[tiers.P2]
@@ -83,3 +84,26 @@ def test_drop_held_ends_them_as_suppressions_and_leaves_other_tiers_alone(
         "SELECT message_id, state FROM gov.message_states_v1(%s, %s)", (clock.now - timedelta(days=2), clock.now)
     ).fetchall())
     assert states == {"sale": "dropped", "promo": "failed", "note": "in_flight"}
+
+
+def test_a_default_lowered_under_a_users_own_cap_holds_that_user_too(
+    db_url: str, conn: psycopg.Connection[Any], clock: Clock
+) -> None:
+    """A user's cap is checked against the default only when written; the decision takes the lower."""
+    set_user_cap(conn, "u", "P1", 86_400_000, 5)  # under the default 6: accepted
+    text = policy_mod.default_policy_text().replace(
+        'windows = [{ window = "24h", cap = 6 }]', 'windows = [{ window = "24h", cap = 2 }]', 1
+    )
+    assert text != policy_mod.default_policy_text()
+    with conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(text, "p.toml"), text, name="p.toml")
+    assert conn.execute(
+        "SELECT cap FROM gov.caps WHERE scope = 'P1' AND window_ms = 86400000"
+    ).fetchone() == (2,)
+    assert conn.execute("SELECT cap FROM gov.user_caps WHERE user_id = 'u'").fetchone() == (5,)  # left as it was
+    with Governor(db_url, clock=clock) as g:
+        verdicts = [g.decide(Message(user_id="u", id=f"m{i}", tier="P1", title="t")) for i in range(4)]
+        other = [g.decide(Message(user_id="v", id=f"m{i}", tier="P1", title="t")) for i in range(3)]
+    assert [v.allowed for v in verdicts] == [True, True, False, False]
+    assert verdicts[2].reason == "cap_86400000ms"
+    assert [v.allowed for v in other] == [True, True, False]

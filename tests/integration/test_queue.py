@@ -544,3 +544,26 @@ def test_a_newcomer_that_finds_the_slot_open_carries_the_waiting_group(
     clock.now += timedelta(hours=1)
     assert releaser.run_once().handled == 0  # nothing waits: the group went out with d3
     assert conn.execute("SELECT count(*) FROM gov.deferred WHERE state = 'expired'").fetchone() == (0,)
+
+
+def test_defer_max_holds_at_release_when_the_slot_is_taken_again(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """Released, blocked again with the next slot past give_up_at: it expires, it does not wait on."""
+    set_jitter(conn, 0)
+    start = clock.now
+    gov.send(Message(user_id="u", id="m0", tier="P1", title="t"))
+    clock.now = start + timedelta(hours=10)
+    for i in range(1, 6):
+        gov.send(Message(user_id="u", id=f"m{i}", tier="P1", title="t"))
+    clock.now = start + timedelta(hours=20)  # the window frees at +24 h (m0 leaves): within defer_max 6 h
+    assert gov.send(Message(user_id="u", id="late", tier="P1", title="t")).decision.action == "defer"
+    row = held(conn, "late")
+    assert row["state"] == "waiting" and row["planned_at"] == start + timedelta(hours=24)
+    # at the release time, a newcomer takes the slot m0 left; the next one opens at +34 h (m1
+    # leaves), past give_up_at (+26 h) and before the message's TTL (+44 h)
+    clock.now = row["release_at"]
+    assert gov.send(Message(user_id="u", id="rival", tier="P1", title="t")).sent
+    stats = Releaser(gov.source, clock=clock).run_once()
+    assert stats.outcomes == {"defer_expired": 1}
+    assert held(conn, "late")["state"] == "expired" and held(conn, "late")["outcome"] == "defer_expired"

@@ -263,7 +263,7 @@ def test_hang_is_transient_after_a_finite_timeout(
     outcome = _send(browser, signer, session, timeout=0.5)
     elapsed = time.monotonic() - started
     assert (outcome.kind, outcome.status, outcome.error) == ("transient", None, "timeout")
-    assert 0.4 <= elapsed < 3
+    assert elapsed >= 0.4, f"gave up after {elapsed:.2f} s, before its 0.5 s timeout"
     assert push_service.received[0].reason == "scripted hang"
 
 

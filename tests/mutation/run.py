@@ -1,0 +1,180 @@
+"""Run the mutants: one deliberate bug at a time, the tests expected to catch it.
+
+Not collected by pytest (the name does not start with ``test_``) and not run in CI:
+run it on demand from the repository root::
+
+    .venv/bin/python tests/mutation/run.py            # every mutant
+    .venv/bin/python tests/mutation/run.py a d        # some of them, by name prefix
+
+For each mutant it makes a temporary git worktree of HEAD, copies in the working
+tree's tests/ (so new tests are tried before they are committed), applies the mutation
+(a text replacement, which must match exactly the given number of times), runs the
+named tests there with PYTHONPATH pointing at the worktree, and prints ``caught`` (a
+test failed) or ``SURVIVED``. The same tests are first run on the unmutated worktree:
+they must pass there, or the run stops.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    edits: tuple[tuple[str, str, str, int], ...]  # (file, old, new, expected matches)
+    tests: tuple[str, ...]
+
+
+HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
+
+MUTANTS = [
+    Mutant(
+        "a_user_cap_replaces_default",
+        "the decision takes the user's own cap instead of least(default, user)",
+        (
+            ("sql/schema/10_decide.sql", "least(x.cap, uc.cap) AS cap", "coalesce(uc.cap, x.cap) AS cap", 1),
+            ("sql/migrations/0006_queue_analytics.sql", "least(x.cap, uc.cap) AS cap",
+             "coalesce(uc.cap, x.cap) AS cap", 1),
+        ),
+        ("tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",),
+    ),
+    Mutant(
+        "b_defer_max_ignored_at_release",
+        "release_one never gives up at give_up_at (defer_max)",
+        (
+            ("sql/schema/10_decide.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
+             "IF false THEN", 1),
+            ("sql/migrations/0009_hold_release.sql",
+             "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
+        ),
+        ("tests/integration/test_queue.py::test_defer_max_holds_at_release_when_the_slot_is_taken_again",),
+    ),
+    Mutant(
+        "c_host_clock_in_governor",
+        "Governor passes the host's clock as p_now when no clock is given",
+        (("gov/governor.py", "(self.clock() if self.clock is not None else None)",
+          f"(self.clock() if self.clock is not None else {HOST_NOW})", 1),),
+        ("tests/integration/test_decide.py::test_with_no_clock_given_the_database_clock_decides",),
+    ),
+    Mutant(
+        "c2_host_clock_in_releaser",
+        "the Releaser passes the host's clock as p_now when no clock is given",
+        (("gov/queue.py", "now = self.clock() if self.clock is not None else None",
+          f"now = self.clock() if self.clock is not None else {HOST_NOW}", 1),),
+        ("tests/integration/test_decide.py::test_with_no_clock_given_the_database_clock_decides",),
+    ),
+    Mutant(
+        "d_release_claim_without_skip_locked",
+        "release_due_v1 takes held rows FOR UPDATE without SKIP LOCKED",
+        (
+            ("sql/schema/10_decide.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
+            ("sql/migrations/0009_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
+        ),
+        ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
+    ),
+    Mutant(
+        "e_dispatch_claim_without_skip_locked",
+        "claim_outbox_v2 takes outbox rows FOR UPDATE without SKIP LOCKED",
+        (
+            ("sql/schema/00_core.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+            ("sql/migrations/0010_runner_fencing.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+        ),
+        (
+            "tests/integration/test_claim_specs.py::test_two_runners_never_block_on_or_share_an_outbox_row",
+            "tests/integration/test_claim_specs.py::test_a_runner_that_rolls_back_leaves_its_rows_to_the_other",
+        ),
+    ),
+]
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def make_worktree(where: Path) -> None:
+    git("worktree", "add", "--detach", str(where), "HEAD")
+    shutil.rmtree(where / "tests")
+    shutil.copytree(ROOT / "tests", where / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def drop_worktree(where: Path) -> None:
+    git("worktree", "remove", "--force", str(where))
+
+
+def apply(where: Path, mutant: Mutant) -> None:
+    for name, old, new, expected in mutant.edits:
+        path = where / name
+        text = path.read_text()
+        found = text.count(old)
+        if found != expected:
+            raise SystemExit(f"{mutant.name}: {name} has {found} matches of {old!r}, expected {expected}")
+        path.write_text(text.replace(old, new))
+
+
+def run_tests(where: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    return subprocess.run(
+        [str(PYTHON), "-m", "pytest", "-q", "--timeout", "120", *tests],
+        cwd=where, env=env, capture_output=True, text=True,
+    )
+
+
+def last_line(out: str) -> str:
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not argv or any(m.name.startswith(a) for a in argv)]
+    survived = []
+    with tempfile.TemporaryDirectory(prefix="gov-mutation-") as tmp:
+        base = Path(tmp) / "baseline"
+        make_worktree(base)
+        try:
+            probe = subprocess.run(
+                [str(PYTHON), "-c", "import gov; print(gov.__file__)"], cwd=base,
+                env={**os.environ, "PYTHONPATH": str(base)}, capture_output=True, text=True, check=True,
+            ).stdout.strip()
+            if not probe.startswith(str(base)):
+                raise SystemExit(f"the worktree's gov is not the one imported: {probe}")
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+            result = run_tests(base, tests)
+            if result.returncode != 0:
+                print(result.stdout[-4000:])
+                raise SystemExit("baseline: the mutation tests fail without any mutation")
+            print(f"{'baseline':38} passes   ({last_line(result.stdout)})")
+        finally:
+            drop_worktree(base)
+        for mutant in chosen:
+            where = Path(tmp) / mutant.name
+            make_worktree(where)
+            try:
+                apply(where, mutant)
+                result = run_tests(where, mutant.tests)
+            finally:
+                drop_worktree(where)
+            verdict = "caught  " if result.returncode != 0 else "SURVIVED"
+            if result.returncode == 0:
+                survived.append(mutant.name)
+            print(f"{mutant.name:38} {verdict} {mutant.what}\n{'':38} ({last_line(result.stdout)})")
+            why = next((line for line in result.stdout.splitlines() if line.startswith("E ")), "")
+            if why:
+                print(f"{'':38} {why[:160]}")
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutants caught" +
+          (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
