@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from gov import Governor, Message
 from tests.faults import GovProcess, gov_env, scalar, wait_for
@@ -82,10 +87,27 @@ def test_a_parent_killed_takes_its_runners_with_it(db_url: str, key_path: Path, 
     wait_for(lambda: all(_gone(c) for c in children), 10, "the runner processes to end with their parent")
 
 
+@pytest.fixture
+def runnerless_url(db_url: str, conn: psycopg.Connection[Any]) -> Iterator[str]:
+    """The test database as a role that passes the parent's start-up schema check (it may read
+    the migration version) but not a runner's work: it may claim nothing (a runner started with
+    --once fails at its first claim) and hold one connection only (the second runner process
+    cannot open its pool, which fails a looping runner, which would retry a refused claim)."""
+    role = f"gov_no_claim_{secrets.token_hex(4)}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+    conn.execute(sql.SQL("GRANT SELECT ON public.gov_alembic_version TO {}").format(sql.Identifier(role)))
+    parts = urlsplit(db_url)
+    netloc = role + "@" + parts.netloc.rpartition("@")[2]
+    yield urlunsplit(parts._replace(netloc=netloc))
+    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 @pytest.mark.parametrize("once", [True, False])
-def test_a_failing_runner_process_fails_the_command(key_path: Path, tmp_path: Path, once: bool) -> None:
-    # nothing listens there: every runner process fails at its first claim
-    env = gov_env("postgresql://gov@127.0.0.1:9/none?connect_timeout=2", key_path)
+def test_a_failing_runner_process_fails_the_command(
+    runnerless_url: str, key_path: Path, tmp_path: Path, once: bool
+) -> None:
+    env = gov_env(runnerless_url, key_path)
     args = ["dispatch", "--processes", "2", "--idle", "0.05", *(["--once"] if once else [])]
     with GovProcess(args, env, tmp_path, "failing") as runner:
         code = runner.wait(120)  # the looping parent too stops by itself
