@@ -481,6 +481,12 @@ def _by_subscription(rows: list[_Claimed]) -> list[list[_Claimed]]:
 
 
 def _observe(attempt: dict[str, Any], seconds: float) -> None:
+    # one line per attempt for whoever debugs delivery: the row, the origin and the answer;
+    # never the endpoint's path, the keys or the Authorization header
+    log.debug(
+        "attempt: outbox row %s to %s: %s %s in %.1f ms", attempt["outbox_id"], attempt["origin"],
+        attempt["outcome"], attempt["status"], seconds * 1000, extra={"action": "attempt"},
+    )
     try:  # metrics never end a row
         metrics.observe_attempt(attempt["outcome"], attempt["status"], seconds)
     except Exception:

@@ -46,12 +46,14 @@ def code_head() -> str:
 def database_revision(url: str) -> str | None:
     """The revision the database is at (None: gov was never installed there)."""
     import psycopg
+    from psycopg import sql
 
     from gov.db import translate_errors
 
+    query = sql.SQL("SELECT version_num FROM public.{}").format(sql.Identifier(VERSION_TABLE))
     with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
         try:
-            row = conn.execute(f"SELECT version_num FROM public.{VERSION_TABLE}").fetchone()
+            row = conn.execute(query).fetchone()
         except psycopg.errors.UndefinedTable:
             return None
     return row[0] if row else None
