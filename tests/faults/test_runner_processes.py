@@ -85,6 +85,7 @@ def test_a_parent_killed_takes_its_runners_with_it(db_url: str, key_path: Path, 
         children = wait_for(lambda: (c := _children(runner.pid)) and len(c) == 2 and c, 60, "two runner processes")
         runner.kill9()
     wait_for(lambda: all(_gone(c) for c in children), 10, "the runner processes to end with their parent")
+    assert len(children) == 2 and all(_gone(c) for c in children)
 
 
 @pytest.fixture

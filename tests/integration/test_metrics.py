@@ -143,7 +143,7 @@ def test_metrics_count_decisions_suppressions_depths_and_deliveries(
     conn.execute("UPDATE gov.messages SET decided_at = now() - interval '25 hours' WHERE message_id = 'm3'")
     conn.execute("UPDATE gov.push_suppressions SET created_at = now() - interval '25 hours' WHERE message_id = 'm3'")
     conn.execute("UPDATE gov.delivery_attempts SET attempted_at = now() - interval '25 hours' WHERE status = 410")
-    conn.execute("UPDATE gov.outbox SET next_attempt_at = now() - interval '90 seconds' WHERE message_id = 'a0'")
+    conn.execute("UPDATE gov.outbox SET next_attempt_at = now() - interval '1 day' WHERE message_id = 'a0'")
     conn.execute("UPDATE gov.outbox SET state = 'delivered', finished_at = now() WHERE message_id = 'a1'")
     conn.execute("UPDATE gov.deferred SET state = 'expired', finished_at = now() WHERE message_id = 'd2'")
     samples = scrape(client)
@@ -152,7 +152,8 @@ def test_metrics_count_decisions_suppressions_depths_and_deliveries(
         samples, "gov_suppressions_24h"
     )
     assert family_values(samples, "gov_delivery_attempts_24h") == {L(status_class="2xx", outcome="accepted"): 2}
-    assert 90 <= samples[("gov_outbox_oldest_due_seconds", ())] < 150
+    # the oldest due row is the one a day overdue (not a fresh one, not one twice as old)
+    assert 86_400 <= samples[("gov_outbox_oldest_due_seconds", ())] < 2 * 86_400
     assert family_values(samples, "gov_outbox_rows") == {L(state="pending"): 6, L(state="sending"): 0}
     assert family_values(samples, "gov_held_messages") == {}
 
