@@ -447,6 +447,7 @@ DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_verdict record;
     v_ttl_s   integer;
+    v_verb    text;
     v_ids     bigint[];
     v_held    record;
 BEGIN
@@ -465,12 +466,14 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT coalesce(p_ttl_s, t.default_ttl_s) INTO v_ttl_s FROM gov.tiers t WHERE t.tier = p_tier;
+    SELECT coalesce(p_ttl_s, t.default_ttl_s), t.on_exceed INTO v_ttl_s, v_verb FROM gov.tiers t WHERE t.tier = p_tier;
     INSERT INTO gov.message_content (user_id, message_id, content, collapse_key, ttl_s, expires_at)
     VALUES (p_user_id, p_message_id, p_content, p_collapse_key, v_ttl_s, v_now + v_ttl_s * interval '1 second');
 
     IF v_verdict.allowed THEN
-        PERFORM gov.absorb_group(p_user_id, p_message_id, p_tier, p_collapse_key, v_now);
+        IF v_verb = 'collapse' THEN  -- only a collapse tier has groups: no probe for the others
+            PERFORM gov.absorb_group(p_user_id, p_message_id, p_tier, p_collapse_key, v_now);
+        END IF;
         v_ids := gov.fan_out(p_user_id, p_message_id, v_now);
     ELSE
         SELECT * INTO v_held
