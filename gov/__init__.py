@@ -22,11 +22,11 @@ from gov.errors import (
 )
 
 if TYPE_CHECKING:
+    from gov.delivery.vapid import VapidSigner
     from gov.governor import Governor, SendResult, send
     from gov.message import Decision, Message
-    from gov.vapid import VapidSigner
 
-# Imported on first use (PEP 562), so that `import gov.delivery` (the runner) does not
+# Imported on first use (PEP 562), so that `import gov.delivery.runner` (the runner) does not
 # load the governor, the policy code and their dependencies.
 _LAZY = {
     "Governor": "gov.governor",
@@ -34,7 +34,7 @@ _LAZY = {
     "send": "gov.governor",
     "Decision": "gov.message",
     "Message": "gov.message",
-    "VapidSigner": "gov.vapid",
+    "VapidSigner": "gov.delivery.vapid",
 }
 
 

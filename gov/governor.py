@@ -12,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from gov.db import Source
+from gov.delivery.netguard import EndpointGuard
+from gov.delivery.subscription import parse_subscription
 from gov.message import Decision, Message
-from gov.netguard import EndpointGuard
 from gov.queries import q
-from gov.subscription import parse_subscription
 
 log = logging.getLogger("gov")
 
@@ -47,7 +47,7 @@ class Governor:
     transaction: it commits or rolls back with your own work, and gov never commits it
     (the user's lock is held until you do). Otherwise each decision commits on its own.
 
-    ``signer`` (a :class:`gov.vapid.VapidSigner`) lets :meth:`send` attempt delivery at
+    ``signer`` (a :class:`gov.delivery.vapid.VapidSigner`) lets :meth:`send` attempt delivery at
     once in this process; without one, allowed messages wait in the outbox for
     ``gov dispatch``.
 
@@ -183,7 +183,7 @@ class Governor:
 
     def dispatcher(self) -> Any:
         """The in-process dispatcher :meth:`send` uses (shares this governor's connections)."""
-        from gov.delivery import Dispatcher
+        from gov.delivery.runner import Dispatcher
 
         with self._dispatcher_lock:
             if self._dispatcher is None:
@@ -238,8 +238,8 @@ def send(message: Message, *, at: datetime | None = None) -> dict[str, Any]:
     global _default
     with _default_lock:
         if _default is None:
+            from gov.delivery.vapid import VapidSigner
             from gov.errors import ConfigurationError
-            from gov.vapid import VapidSigner
 
             # The library never falls back to the CLI's embedded server: an app that forgot
             # its database URL must hear so, not write to a scratch database.

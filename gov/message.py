@@ -90,7 +90,7 @@ class Message:
 
     def content(self) -> dict[str, Any]:
         """What is stored for delivery; refused here when it cannot be sent at all."""
-        from gov.push import build_payload
+        from gov.delivery.push import build_payload
 
         if self.title is None or not self.title.strip():
             raise InvalidMessage(f"message {self.id}: a title is required to send (every push must show one)")

@@ -37,8 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from gov.delivery.vapid import validate_subject
 from gov.errors import ConfigurationError
-from gov.vapid import validate_subject
 
 MAX_BODY_BYTES = 4096
 #: Largest ``exp`` a token may carry, counted from now (RFC 8292 section 2).
@@ -68,7 +68,7 @@ def _b64url(data: bytes) -> str:
 
 
 def _unb64url(text: str) -> bytes:
-    # Deliberately independent of gov.subscription: this service is the oracle.
+    # Deliberately independent of gov.delivery.subscription: this service is the oracle.
     if not re.fullmatch(r"[A-Za-z0-9_-]*={0,2}", text):
         raise ValueError("not base64url")
     body = text.rstrip("=")

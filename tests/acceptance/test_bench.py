@@ -19,17 +19,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from gov.bench import decisions
+from gov.lab.bench import decisions
 from gov.testing.postgres import TemplateDatabases
 
 REDIS = shutil.which("redis-server") is not None and importlib.util.find_spec("redis") is not None
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # gov.bench.cli on its own, so the test does not depend on the command's registration
+    # gov.lab.bench.cli on its own, so the test does not depend on the command's registration
     full_env = {k: v for k, v in os.environ.items() if k != "GOV_DATABASE_URL"} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "gov.bench.cli", *args],
+        [sys.executable, "-m", "gov.lab.bench.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gov import Governor
-from gov.report import CROSSOVER_COLOR, CTR_COLOR, UNSUBSCRIBE_COLOR
+from gov.analytics.report import CROSSOVER_COLOR, CTR_COLOR, UNSUBSCRIBE_COLOR
 from gov.testing import PushService
 from tests.integration.test_report import seed_fatigue
 
@@ -84,7 +84,7 @@ def test_the_page_shows_both_series_and_the_crossover(db_url: str, tmp_path: Pat
         seed_fatigue(gov, push, now)
     page = tmp_path / "fatigue.html"
     result = subprocess.run(
-        [sys.executable, "-m", "gov.cli_ops", "report", "fatigue", "--since", "7d", "--at", now.isoformat(),
+        [sys.executable, "-m", "gov.cli", "report", "fatigue", "--since", "7d", "--at", now.isoformat(),
          "--html", str(page)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "GOV_DATABASE_URL": db_url},
     )

@@ -21,9 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from gov import Governor
-from gov.cli import db, main, policy_group
-from gov.cli_ops import register
-from gov.serve import MAX_BODY_BYTES, create_app
+from gov.cli import main
+from gov.http.app import MAX_BODY_BYTES, create_app
 
 with warnings.catch_warnings():
     # Starlette >= 1.10 prefers the httpx2 package for its TestClient and warns when it
@@ -53,7 +52,7 @@ def server(db_url: str) -> Iterator[tuple[str, int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOV_VAPID")}
     env.update({"GOV_DATABASE_URL": db_url, "GOV_API_TOKEN": TOKEN})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gov.cli_ops", "serve", "--port", "0"],
+        [sys.executable, "-m", "gov.cli", "serve", "--port", "0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert proc.stderr is not None
@@ -114,14 +113,13 @@ def test_seed_verification_over_http(server: tuple[str, int], conn: psycopg.Conn
 def test_refuses_to_start_without_a_token(db_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GOV_API_TOKEN"}
     result = subprocess.run(
-        [sys.executable, "-m", "gov.cli_ops", "serve", "--port", "0", "--database-url", db_url],
+        [sys.executable, "-m", "gov.cli", "serve", "--port", "0", "--database-url", db_url],
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 1
     (line,) = result.stderr.splitlines()
     assert line.startswith("gov: error: GOV_API_TOKEN is not set"), line
     # nor with a guessable one
-    register(main, policy_group, db)
     weak = CliRunner().invoke(main, ["serve", "--port", "0", "--database-url", db_url], env={"GOV_API_TOKEN": "short"})
     assert weak.exit_code == 1 and weak.stderr.startswith("gov: error: GOV_API_TOKEN must be set"), weak.stderr
 

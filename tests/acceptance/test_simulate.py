@@ -12,14 +12,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from gov.simulate import SimConfig, simulate
+from gov.lab.simulate import SimConfig, simulate
 from gov.testing.postgres import TemplateDatabases
 
 
 def gov_simulate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The real command in a subprocess, as a user runs it (stdout: the summary)."""
     return subprocess.run(
-        [sys.executable, "-m", "gov.simulate.cli", *args],
+        [sys.executable, "-m", "gov.lab.simulate.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -112,7 +112,7 @@ def test_the_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GOV_DATABASE_URL"}
     env["GOV_DATA_DIR"] = str(tmp_path / "gov-data")  # never the developer's own ./.gov
     run = subprocess.run(
-        [sys.executable, "-m", "gov.simulate.cli", "--users", "20", "--days", "1"],
+        [sys.executable, "-m", "gov.lab.simulate.cli", "--users", "20", "--days", "1"],
         capture_output=True, text=True, env=env, timeout=180, cwd=tmp_path,
     )
     try:

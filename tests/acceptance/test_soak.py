@@ -17,14 +17,14 @@ import psycopg
 import pytest
 
 from gov import policy
-from gov.soak import SOAK_POLICY, check_integrity, over_cap, spend_mismatches
+from gov.lab.soak import SOAK_POLICY, check_integrity, over_cap, spend_mismatches
 from gov.testing.postgres import TemplateDatabases
 
 
 def soak(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOV_")}
     return subprocess.run(
-        [sys.executable, "-m", "gov.soak", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "gov.lab.soak", *args], capture_output=True, text=True, env=env, timeout=300
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from gov.soak import apply_policy, check_integrity
+from gov.lab.soak import apply_policy, check_integrity
 
 SUBJECT = "mailto:push-ops@example.com"
 

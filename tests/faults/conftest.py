@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.testing import PushService
 from gov.testing.postgres import TemplateDatabases
-from gov.vapid import VapidSigner, generate_keypair
 from tests.faults import SUBJECT
 
 

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 from gov import DatabaseError, Governor, GovError, Message, SendResult
+from gov.delivery.vapid import VapidSigner
 from gov.testing import PushService
-from gov.vapid import VapidSigner
 from tests.faults import (
     Clock,
     GovProcess,

@@ -14,7 +14,7 @@
 The push service runs in a thread of the test process and takes the 5,000 verified and
 decrypted requests in a few seconds; the four runners are real subprocesses in test mode
 (GOV_ALLOW_LOOPBACK_HTTP=1), one worker name each (``host:pid:…``, see
-gov.delivery.Dispatcher), which is how the killed runner's rows are found in gov.outbox.
+gov.delivery.runner.Dispatcher), which is how the killed runner's rows are found in gov.outbox.
 Each test takes 15–20 s on a 2-core machine; nothing here asserts a duration.
 """
 

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from gov import Governor, Message
-from gov.delivery import Dispatcher
+from gov.delivery.runner import Dispatcher
+from gov.delivery.vapid import VapidSigner
 from gov.testing import PushService
-from gov.vapid import VapidSigner
 from tests.faults import Clock, GovProcess, assert_integrity, db_now, gov_env, wait_for
 
 TIMEOUT_S = 0.5  # the runner's HTTP timeout here

@@ -1,4 +1,4 @@
-"""`gov dispatch --processes N`: a parent and its runner processes (gov.processes).
+"""`gov dispatch --processes N`: a parent and its runner processes (gov.delivery.processes).
 
 * ``--once`` with two processes drains the outbox, every row delivered once, and exits 0
   with the summed figures;

@@ -25,10 +25,10 @@ from gov import Governor, Message
 from gov.testing.postgres import TemplateDatabases
 from tests.fuzz import FUZZ, NASTY, UNICODE, any_text
 
-if importlib.util.find_spec("gov.serve") is None:  # pragma: no cover - gov serve is part of gov now
-    pytest.skip("gov.serve does not exist yet: nothing to fuzz over HTTP", allow_module_level=True)
+if importlib.util.find_spec("gov.http.app") is None:  # pragma: no cover - gov serve is part of gov now
+    pytest.skip("gov.http.app does not exist yet: nothing to fuzz over HTTP", allow_module_level=True)
 
-from gov.serve import EVENT_FIELDS, PREFERENCE_FIELDS, SEND_FIELDS, create_app
+from gov.http.app import EVENT_FIELDS, PREFERENCE_FIELDS, SEND_FIELDS, create_app
 
 with warnings.catch_warnings():
     # Starlette >= 1.10 prefers the httpx2 package for its TestClient and warns when it

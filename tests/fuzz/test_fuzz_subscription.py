@@ -23,7 +23,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from gov import Governor, InvalidInput, InvalidSubscription
-from gov.subscription import Subscription, b64url_decode, is_loopback_host, parse_subscription
+from gov.delivery.subscription import Subscription, b64url_decode, is_loopback_host, parse_subscription
 from gov.testing.postgres import TemplateDatabases
 from tests.fuzz import FUZZ, NASTY, UNICODE
 

@@ -1,5 +1,5 @@
 """The analyst role reads what analysts need and nothing else, writes nothing; the queries
-of docs/analysts.md run as written; gov.analytics matches the database."""
+of docs/analysts.md run as written; gov.analytics.tables matches the database."""
 
 from __future__ import annotations
 
@@ -19,15 +19,16 @@ import sqlalchemy as sa
 from psycopg import errors, sql
 from sqlalchemy.dialects import postgresql
 
-from gov import Governor, Message, analytics
-from gov.cli_ops import grant_analyst_role
+from gov import Governor, Message
+from gov.analytics import tables as analytics
+from gov.cli.db import grant_analyst_role
 from gov.db import sqlalchemy_url
 from gov.testing import PushService
 from tests.integration.test_report import seed_fatigue, seed_suppressions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "analysts.md"
 SECRET_COLUMNS = ("endpoint", "p256dh", "auth")
-# relations this issue owns: declared in gov.analytics column for column
+# relations this issue owns: declared in gov.analytics.tables column for column
 OWN = {"push_events", "campaign_shortfall", "suppressions_daily", "revocation_suspects"}
 
 
@@ -63,7 +64,7 @@ def seeded(db_url: str) -> datetime:
 def test_grant_analyst_creates_the_role_once(db_url: str, analyst: str, conn: psycopg.Connection[Any]) -> None:
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "gov.cli_ops", "db", "grant-analyst", analyst],
+            [sys.executable, "-m", "gov.cli", "db", "grant-analyst", analyst],
             capture_output=True, text=True, timeout=60, env={**os.environ, "GOV_DATABASE_URL": db_url},
         )
 

@@ -11,7 +11,7 @@ import pytest
 
 from gov import Governor, InvalidMessage, Message, PolicyError
 from gov import policy as policy_mod
-from gov.queue import Releaser
+from gov.hold.release import Releaser
 from gov.users import set_user_cap
 
 DAY_MS = 86_400_000

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from gov import ConfigurationError, Governor, InvalidMessage, InvalidSubscription, Message
+from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.testing import PushService
-from gov.vapid import VapidSigner, generate_keypair
 
 SUBJECT = "mailto:push-ops@example.com"
 

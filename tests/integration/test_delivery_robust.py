@@ -25,11 +25,11 @@ import psycopg
 import pytest
 
 from gov import ConfigurationError, Governor, Message
-from gov.delivery import Dispatcher, _attempt
-from gov.push import MAX_PAYLOAD_BYTES, PushOutcome, build_payload
-from gov.queue import Releaser
+from gov.delivery.push import MAX_PAYLOAD_BYTES, PushOutcome, build_payload
+from gov.delivery.runner import Dispatcher, _attempt
+from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.hold.release import Releaser
 from gov.testing import PushService
-from gov.vapid import VapidSigner, generate_keypair
 
 SUBJECT = "mailto:push-ops@example.com"
 WEEK = 7 * 86400

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from gov import Governor, InvalidInput, Message
-from gov.events import InvalidEvent, record_event
+from gov.analytics.events import InvalidEvent, record_event
+from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.testing import PushService
-from gov.vapid import VapidSigner, generate_keypair
 
 SUBJECT = "mailto:push-ops@example.com"
 

@@ -13,16 +13,15 @@ import psycopg
 from click.testing import CliRunner
 
 from gov import Governor, Message
-from gov.cli import db, main, policy_group
-from gov.cli_ops import register
-from gov.health import run_checks, summary
+from gov.cli import main
+from gov.ops.health import run_checks, summary
 
 T = datetime(2026, 7, 26, 12, 0, tzinfo=UTC)
 
 
 def gov_check(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gov.cli_ops", "check", *args],
+        [sys.executable, "-m", "gov.cli", "check", *args],
         capture_output=True, text=True, timeout=60, env={**os.environ, "GOV_DATABASE_URL": db_url},
     )
 
@@ -108,7 +107,6 @@ def test_json_lists_every_check_and_still_fails(db_url: str, conn: psycopg.Conne
         ("p0_suppressions", False), ("outbox_stuck", True), ("push_auth", True), ("deferred_overdue", True),
         ("held_failed", True), ("outbox_failed", True),
     ]
-    register(main, policy_group, db)
     bad = CliRunner().invoke(main, ["check", "--stuck-after", "soon"], env={"GOV_DATABASE_URL": db_url})
     assert bad.exit_code == 1 and bad.stderr.startswith("gov: error: --stuck-after")
 

@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gov import Governor, Message
-from gov import metrics as gov_metrics
-from gov.serve import create_app
+from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.http.app import create_app
+from gov.ops import metrics as gov_metrics
 from gov.testing import PushService
-from gov.vapid import VapidSigner, generate_keypair
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r"Using `httpx` with `starlette.testclient` is deprecated")
@@ -314,7 +314,7 @@ import urllib.request
 
 import prometheus_client  # imported before multiprocess mode is chosen, as another library might
 
-from gov import metrics
+from gov.ops import metrics
 
 
 def work(n):
@@ -354,7 +354,7 @@ def test_several_processes_are_summed(tmp_path: Path, start_method: str) -> None
 def test_gov_serve_process_takes_the_scrape_token_from_the_environment(db_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOV_VAPID")}
     env.update({"GOV_DATABASE_URL": db_url, "GOV_API_TOKEN": TOKEN, "GOV_METRICS_TOKEN": SCRAPE_TOKEN})
-    proc = subprocess.Popen([sys.executable, "-m", "gov.cli_ops", "serve", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "gov.cli", "serve", "--port", "0"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

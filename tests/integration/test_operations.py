@@ -11,7 +11,7 @@ import pytest
 
 from gov import Governor, Message
 from gov.db import Source
-from gov.maintenance import conservation, prune
+from gov.ops.maintenance import conservation, prune
 
 T0 = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

@@ -15,11 +15,11 @@ import pytest
 
 from gov import Governor, InvalidMessage, Message
 from gov import policy as policy_mod
-from gov.delivery import Dispatcher
-from gov.queue import Releaser
+from gov.delivery.runner import Dispatcher
+from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.hold.release import Releaser
 from gov.testing import PushService
 from gov.users import set_quiet_hours, set_time_zone
-from gov.vapid import VapidSigner, generate_keypair
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SUBJECT = "mailto:push-ops@example.com"
@@ -507,7 +507,7 @@ def test_ttl_zero_is_refused_before_anything_is_recorded(gov: Governor, conn: ps
 
 
 def test_conservation_holds_after_prune(gov: Governor, clock: Clock, conn: psycopg.Connection[Any]) -> None:
-    from gov.maintenance import conservation, prune
+    from gov.ops.maintenance import conservation, prune
 
     start = clock.now
     assert gov.send(Message(user_id="u", id="old", tier="P2", title="t")).sent

@@ -13,10 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from gov import Governor, Message
-from gov.cli import db, main, policy_group
-from gov.cli_ops import register
-from gov.events import record_event
-from gov.report import fatigue_html, fatigue_report, fatigue_table, revocation_suspects
+from gov.analytics.events import record_event
+from gov.analytics.report import fatigue_html, fatigue_report, fatigue_table, revocation_suspects
+from gov.cli import main
 from gov.testing import PushService
 
 # Users by bucket, and what they did with message i (m0 is the digest, in the segment):
@@ -203,7 +202,6 @@ def test_table_and_html_render(gov: Governor, seeded: datetime) -> None:
 
 
 def test_cli_fatigue_json_table_and_bad_input(db_url: str, seeded: datetime, tmp_path: Any) -> None:
-    register(main, policy_group, db)
     runner = CliRunner()
     env = {"GOV_DATABASE_URL": db_url}
     at = seeded.isoformat()

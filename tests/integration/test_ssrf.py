@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 from gov import Governor, InvalidSubscription, Message
 from gov.cli import main
-from gov.delivery import Dispatcher
-from gov.subscription import b64url_encode
+from gov.delivery.runner import Dispatcher
+from gov.delivery.subscription import b64url_encode
+from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.testing import PushService
-from gov.vapid import VapidSigner, generate_keypair
 
 SUBJECT = "mailto:push-ops@example.com"
 KEYS = {"p256dh": b64url_encode(b"\x04" + bytes(64)), "auth": b64url_encode(b"\x01" * 16)}

@@ -13,10 +13,9 @@ from click.testing import CliRunner
 from psycopg import sql
 
 from gov import Governor, Message, policy
-from gov.cli import db, main, policy_group
-from gov.cli_ops import register
+from gov.analytics.whatif import WhatIf, whatif
+from gov.cli import main
 from gov.users import set_user_cap
-from gov.whatif import WhatIf, whatif
 
 T = datetime(2026, 7, 26, 12, 0, tzinfo=UTC)
 TIGHTER = policy.default_policy_text().replace('{ window = "24h", cap = 2 }', '{ window = "24h", cap = 1 }')
@@ -116,7 +115,6 @@ def test_cli_prints_the_replay_and_changes_nothing(
 ) -> None:
     seed(governor, conn)
     before = snapshot(conn)
-    register(main, policy_group, db)
     candidate = tmp_path / "tight.toml"
     candidate.write_text(TIGHTER)
     runner = CliRunner()

@@ -70,7 +70,7 @@ MUTANTS = [
     Mutant(
         "c2_host_clock_in_releaser",
         "the Releaser passes the host's clock as p_now when no clock is given",
-        (("gov/queue.py", "now = self.clock() if self.clock is not None else None",
+        (("gov/hold/release.py", "now = self.clock() if self.clock is not None else None",
           f"now = self.clock() if self.clock is not None else {HOST_NOW}", 1),),
         ("tests/integration/test_decide.py::test_with_no_clock_given_the_database_clock_decides",),
     ),

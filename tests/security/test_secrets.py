@@ -32,8 +32,8 @@ import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from gov.delivery.vapid import load_private_key
 from gov.testing import PushService
-from gov.vapid import load_private_key
 
 REPO = Path(__file__).resolve().parents[2]
 SUBJECT = "mailto:security@example.com"
@@ -42,7 +42,7 @@ SUBJECT = "mailto:security@example.com"
 # library would log at any level is in the captured output.
 DEBUG_CLI = (
     "import logging, sys; logging.basicConfig(level=logging.DEBUG, stream=sys.stderr); "
-    "sys.argv[0] = 'gov'; from gov.cli_ops import run; run()"
+    "sys.argv[0] = 'gov'; from gov.cli import main; main()"
 )
 
 
@@ -269,7 +269,7 @@ def test_the_scan_finds_committed_secrets() -> None:
     for text in harmless:
         assert committed_secrets("harmless", text) == [], text
     assert SECRET_FILE_NAMES.search("deploy/vapid.pem") and SECRET_FILE_NAMES.search(".env")
-    assert not SECRET_FILE_NAMES.search("gov/vapid.py")
+    assert not SECRET_FILE_NAMES.search("gov/delivery/vapid.py")
 
 
 def test_no_secret_is_committed() -> None:

@@ -1,6 +1,6 @@
-"""The command line starts with what the command uses (issue 12): `gov dispatch --once` does
-not load Alembic, the simulator, the benches or the web server, and `gov --help` still lists
-every command."""
+"""The command line starts with what the command uses: `gov decide` and `gov dispatch --once`
+do not load Alembic, the simulator, the benches or the web server, and `gov --help` lists
+every command without loading any."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 from click.testing import CliRunner
 
-HEAVY = ("alembic", "sqlalchemy", "gov.migrate", "gov.simulate", "gov.bench", "gov.soak", "gov.cli_ops",
-         "gov.governor", "starlette", "uvicorn")
+HEAVY = ("alembic", "sqlalchemy", "gov.migrate", "gov.lab", "gov.lab.simulate", "gov.lab.bench", "gov.lab.soak",
+         "gov.cli.ops", "gov.cli.send", "gov.cli.delivery", "gov.governor", "gov.http", "starlette", "uvicorn")
 
 
 def _loaded_after(code: str) -> list[str]:
@@ -25,7 +25,29 @@ def test_importing_the_cli_loads_no_other_command() -> None:
 
 
 def test_the_runner_loads_no_other_command() -> None:
-    assert _loaded_after("import gov.cli, gov.delivery, gov.processes") == []
+    assert _loaded_after("import gov.cli, gov.delivery.runner, gov.delivery.processes") == []
+
+
+def test_help_loads_no_command() -> None:
+    code = "from click.testing import CliRunner\nfrom gov.cli import main\nCliRunner().invoke(main, ['--help'])"
+    assert _loaded_after(code) == []
+
+
+def test_decide_loads_only_the_decision() -> None:
+    code = ("from click.testing import CliRunner\nfrom gov.cli import main\n"
+            "CliRunner().invoke(main, ['decide', '--help'])")
+    assert _loaded_after(code) == ["gov.cli.send"]
+
+
+def test_listed_help_is_each_commands_own() -> None:
+    """`gov --help` prints COMMANDS' text without importing; it must say what the command says."""
+    import inspect
+
+    from gov.cli.main import COMMANDS, load
+
+    for name, (_, listed) in COMMANDS.items():
+        own = inspect.cleandoc(load(name).help or "").split("\n\n")[0].replace("\n", " ")
+        assert listed == own, name
 
 
 def test_help_lists_every_command_loaded_on_demand() -> None:

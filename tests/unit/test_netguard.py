@@ -26,8 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gov.errors import InvalidSubscription
-from gov.netguard import (
+from gov.delivery.netguard import (
     EndpointGuard,
     EndpointRefused,
     RefusedEndpoint,
@@ -35,7 +34,8 @@ from gov.netguard import (
     guarded_session,
     parse_push_hosts,
 )
-from gov.subscription import b64url_encode, parse_subscription
+from gov.delivery.subscription import b64url_encode, parse_subscription
+from gov.errors import InvalidSubscription
 from gov.testing import PushService
 
 POINT = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(

@@ -23,9 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from gov.errors import ConfigurationError, InvalidMessage
-from gov.netguard import EndpointGuard
-from gov.push import (
+from gov.delivery.netguard import EndpointGuard
+from gov.delivery.push import (
     MAX_PAYLOAD_BYTES,
     PushRequest,
     build_payload,
@@ -35,10 +34,11 @@ from gov.push import (
     parse_retry_after,
     topic_for,
 )
-from gov.pushclient import PushClient
-from gov.subscription import Subscription, b64url_decode, b64url_encode, parse_subscription
+from gov.delivery.pushclient import PushClient
+from gov.delivery.subscription import Subscription, b64url_decode, b64url_encode, parse_subscription
+from gov.delivery.vapid import TOKEN_LIFETIME_S, VapidSigner
+from gov.errors import ConfigurationError, InvalidMessage
 from gov.testing import BrowserSubscription, PushService
-from gov.vapid import TOKEN_LIFETIME_S, VapidSigner
 
 # The plugin under test provides the ``push_service`` fixture used below.
 

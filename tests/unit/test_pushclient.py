@@ -1,4 +1,4 @@
-"""gov.pushclient: the runner's keep-alive HTTP/1.1 client, on real loopback sockets.
+"""gov.delivery.pushclient: the runner's keep-alive HTTP/1.1 client, on real loopback sockets.
 
 What it must keep from the ``requests`` transport it replaced: only what the guard admits
 is reached, at the address the guard checked (TLS against the name); the total deadline of
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gov.netguard import EndpointGuard, EndpointRefused
-from gov.pushclient import BadRequestTarget, PushClient, PushConnectionError, PushTimeout
+from gov.delivery.netguard import EndpointGuard, EndpointRefused
+from gov.delivery.pushclient import BadRequestTarget, PushClient, PushConnectionError, PushTimeout
 from tests.unit.test_netguard import HOSTILE, FakeDNS, tls_push  # noqa: F401  # tls_push: a fixture
 
 HEADERS = [("TTL", "60"), ("Content-Type", "application/octet-stream")]

@@ -10,14 +10,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gov.errors import InvalidSubscription
-from gov.subscription import (
+from gov.delivery.subscription import (
     Subscription,
     b64url_decode,
     b64url_encode,
     origin_of,
     parse_subscription,
 )
+from gov.errors import InvalidSubscription
 
 ENDPOINT = "https://fcm.googleapis.com/fcm/send/abc123:def"
 

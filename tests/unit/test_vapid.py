@@ -14,9 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from py_vapid import Vapid02
 
-from gov.errors import ConfigurationError, InvalidSubscription
-from gov.subscription import b64url_decode, b64url_encode
-from gov.vapid import (
+from gov.delivery.subscription import b64url_decode, b64url_encode
+from gov.delivery.vapid import (
     RESIGN_MARGIN_S,
     TOKEN_LIFETIME_S,
     VapidSigner,
@@ -25,6 +24,7 @@ from gov.vapid import (
     public_key_of,
     validate_subject,
 )
+from gov.errors import ConfigurationError, InvalidSubscription
 
 SUBJECT = "mailto:ops@example.com"
 NOW = 1_750_000_000.0

@@ -1,0 +1,126 @@
+"""What every `gov` command module shares: env-var options, the database URL, times,
+input files, the VAPID signer and the console.
+
+Imports nothing heavy: :mod:`gov.cli.main` loads a command's module only when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from gov.errors import GovError
+
+if TYPE_CHECKING:
+    import psycopg
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+    """A click option whose GOV_* environment variable is shown in --help."""
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*args, **kwargs)
+
+
+def url_option(fn: F) -> F:
+    return option(
+        "--database-url",
+        envvar="GOV_DATABASE_URL",
+        help="PostgreSQL URL. Without one, an embedded server under $GOV_DATA_DIR (./.gov) is used.",
+    )(fn)
+
+
+def dsn(url: str | None, *, check_schema: bool = False) -> str:
+    """The database to use. The embedded default (no URL given, none in the environment,
+    which click passes as ``url``) is ours: it is brought to head on first use. A database
+    named by the user is never migrated behind their back; with ``check_schema`` (the
+    long-running commands: dispatch, release, serve) it must be at this code's head, or
+    the command refuses with one line naming both revisions (gov.SchemaMismatch)."""
+    from gov.db import resolve_url, translate_errors
+
+    with translate_errors():
+        resolved = resolve_url(url)
+        if url is None:
+            from gov import migrate
+
+            migrate.upgrade(resolved)
+        elif check_schema:
+            from gov.schema_version import require_head
+
+            require_head(resolved)
+    return resolved
+
+
+def parse_at(value: str | None) -> datetime | None:
+    """``--at``: an explicit, zone-aware ISO 8601 time instead of the database clock."""
+    if value is None:
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
+    if at.tzinfo is None:
+        raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
+    return at
+
+
+def duration(value: str, what: str) -> timedelta:
+    """A policy-style duration ("7d", "15m") as a timedelta; bad input is a GovError."""
+    from gov.policy import parse_duration
+
+    try:
+        return timedelta(milliseconds=parse_duration(value, what))
+    except ValueError as exc:
+        raise GovError(str(exc)) from None
+
+
+def read_stream(stream: IO[bytes], what: str) -> str:
+    """A binary stream's whole text as UTF-8; anything else is a one-line GovError."""
+    try:
+        return stream.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GovError(f"{what}: not UTF-8 text (byte {exc.start} of the input)") from None
+
+
+def read_text_input(file: Path) -> tuple[str, str]:
+    """A FILE argument's text and its name for messages; ``-`` reads stdin."""
+    if str(file) == "-":
+        return read_stream(sys.stdin.buffer, "<stdin>"), "<stdin>"
+    try:
+        with file.open("rb") as stream:
+            return read_stream(stream, str(file)), str(file)
+    except OSError as exc:
+        raise GovError(f"cannot read {file}: {exc.strerror}") from None
+
+
+@contextmanager
+def connect(url: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """One connection to the database the command was given (errors become GovError)."""
+    import psycopg
+
+    from gov.db import translate_errors
+
+    with translate_errors(), psycopg.connect(dsn(url)) as conn:
+        yield conn
+
+
+def signer() -> Any:
+    """The VAPID signer from the environment, checked once at start: a sender with no or
+    a wrong key refuses to start."""
+    from gov.delivery.vapid import VapidSigner
+
+    return VapidSigner.from_env()
+
+
+def console() -> Any:
+    """A rich console; a pipe or a file gets a wide table rather than rich's 80 columns."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)

@@ -1,0 +1,115 @@
+"""`gov dispatch`, `gov release` and `gov vapid`: what was allowed, delivered."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gov.cli.common import dsn, option, parse_at, url_option
+from gov.cli.common import signer as load_signer
+
+
+@click.group("vapid")
+def vapid() -> None:
+    """VAPID keys: the server's identity towards push services."""
+
+
+@vapid.command("generate")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def vapid_generate(path: Path) -> None:
+    """Write a new private key to PATH (mode 0600); print the applicationServerKey."""
+    from gov.delivery.vapid import generate_keypair
+
+    click.echo(generate_keypair(path))
+    click.echo(f"gov: private key written to {path}; set GOV_VAPID_PRIVATE_KEY={path}", err=True)
+
+
+
+@click.command()
+@option("--once", is_flag=True, help="Deliver what is due now, then exit (for cron and tests).")
+@option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests per process.")
+@option("--processes", type=click.IntRange(1, 256), default=None, show_default="the machine's cores",
+        help="Runner processes, each with its own workers, connections and name; SIGTERM stops them all.")
+@option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
+@option("--timeout", type=click.FloatRange(0.1), default=10.0,
+        help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
+@option("--batch", type=click.IntRange(1, 10_000), default=None,
+        show_default="as many as the workers can attempt in one lease, at most 4 each",
+        help="Rows claimed (and recorded) together; rows with no time left in the lease go back unsent.")
+@option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
+@option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+        help="Serve this runner's Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).")
+@url_option
+def dispatch(
+    once: bool, workers: int, processes: int | None, lease: float, timeout: float, batch: int | None, idle: float,
+    metrics_port: int | None, database_url: str | None,
+) -> None:
+    """Deliver the outbox through Web Push (loops until interrupted unless --once).
+
+    Exits non-zero if a runner process fails.
+    """
+    import os
+
+    from gov.delivery.processes import run_dispatchers
+    from gov.delivery.runner import Dispatcher
+
+    signer = load_signer()
+    url = dsn(database_url, check_schema=True)
+    count = processes or os.cpu_count() or 1
+    if metrics_port is not None:  # before the processes start: the server sums them all (gov.ops.metrics.expose)
+        from gov.ops.metrics import expose
+
+        exposed = expose(metrics_port, processes=count)
+        click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
+    if count > 1:
+        from gov.delivery.push import preload
+
+        preload()  # once, in the parent: the forked runners share it
+    result = run_dispatchers(
+        lambda: Dispatcher(url, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout),
+        count, once=once, idle_s=idle,
+    )
+    if once:
+        click.echo(json.dumps({"attempts": result.attempts, "outcomes": result.outcomes}))
+    if not result.ok:
+        click.echo(f"gov: error: a runner process failed (exit codes {result.exit_codes})", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@option("--once", is_flag=True, help="Release what is due now, then exit (for cron).")
+@option("--batch", type=click.IntRange(1, 10_000), default=200, help="Held messages per transaction.")
+@option("--at", default=None, help="Release as of this ISO 8601 time (a simulation clock) instead of now.")
+@option("--dispatch/--no-dispatch", default=True, help="Deliver what is released at once (needs the VAPID key).")
+@option("--idle", type=click.FloatRange(0.01), default=5.0, help="Seconds between rounds when looping.")
+@url_option
+def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float, database_url: str | None) -> None:
+    """Release deferred, quiet-held and collapsed messages whose time has come."""
+    import signal
+    import threading
+
+    from gov.delivery.runner import Dispatcher
+    from gov.hold.release import Releaser
+
+    when = parse_at(at)
+    clock = (lambda: when) if when is not None else None
+    url = dsn(database_url, check_schema=True)
+    runner = Dispatcher(url, load_signer(), workers=4, clock=clock) if dispatch else None
+    try:
+        releaser = Releaser(runner.source if runner else url, dispatcher=runner, batch=batch, clock=clock)
+        if once:
+            stats = releaser.run_once()
+            click.echo(json.dumps({"released": dict(stats.outcomes), "delivered": stats.delivered}))
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            releaser.run_forever(stop, idle_s=idle)
+        except KeyboardInterrupt:
+            stop.set()
+    finally:
+        if runner is not None:
+            runner.close()

@@ -1,0 +1,182 @@
+"""`gov check`, `gov prune`, `gov report` and `gov serve`: operating gov and reading what it did."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from gov.cli.common import console as make_console
+from gov.cli.common import dsn, duration, option, parse_at, url_option
+from gov.errors import GovError
+
+
+@click.command()
+@option("--margin", default="1h", help="Keep send rows this long past the longest window.")
+@option("--keep-history", default="180d", help="Keep suppressions and delivery attempts this long.")
+@option("--batch", type=click.IntRange(1, 1_000_000), default=5000, help="Rows per delete transaction.")
+@url_option
+def prune(margin: str, keep_history: str, batch: int, database_url: str | None) -> None:
+    """Delete what no window can see any more, in small batches (run from cron)."""
+    from datetime import timedelta
+
+    from gov.db import Source
+    from gov.ops.maintenance import prune as run_prune
+    from gov.policy import parse_duration
+
+    try:
+        margin_td = timedelta(milliseconds=parse_duration(margin, "--margin"))
+        keep_td = timedelta(milliseconds=parse_duration(keep_history, "--keep-history"))
+    except ValueError as exc:
+        raise GovError(str(exc)) from None
+    source = Source(dsn(database_url), pool_size=1)
+    try:
+        result = run_prune(source, margin=margin_td, keep_history=keep_td, batch=batch)
+    finally:
+        source.close()
+    click.echo(json.dumps({"sends": result.sends, "history": result.history}))
+
+
+
+# ---------------------------------------------------------------- gov report
+
+
+@click.group("report")
+def report() -> None:
+    """Reports for analysts: fatigue by send volume, revocation suspects."""
+
+
+@report.command("fatigue")
+@option("--since", default="7d", help="The trailing window: 7d, 24h, 90m…")
+@option("--segment", default=None, help="Campaign id prefix: engagement counts only its messages.")
+@option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
+@option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        help="Also write a self-contained HTML page with charts to this file.")
+@option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@url_option
+def report_fatigue(
+    since: str, segment: str | None, at: str | None, html_file: Path | None, as_json: bool, database_url: str | None
+) -> None:
+    """The four fatigue signals by trailing-window send volume, with the crossover."""
+    from gov.analytics import report as report_mod
+
+    window = duration(since, "--since")
+    when = parse_at(at)
+    url = dsn(database_url)
+    result = report_mod.fatigue_report(url, since=window, segment=segment or None, now=when)
+    if as_json:
+        click.echo(json.dumps(result.as_json(), separators=(",", ":")))
+    else:
+        console = make_console()
+        console.print(report_mod.fatigue_table(result))
+        if not result.rows:
+            console.print("no accepted sends in the window")
+    if html_file is not None:
+        suspects = len(report_mod.revocation_suspects(url, since=window, now=when))
+        try:
+            html_file.write_text(report_mod.fatigue_html(result, suspects=suspects), encoding="utf-8")
+        except OSError as exc:
+            raise GovError(f"cannot write {html_file}: {exc.strerror}") from None
+        click.echo(f"gov: report written to {html_file}", err=True)
+
+
+@report.command("suspects")
+@option("--since", default="7d", help="The trailing window: 7d, 24h…")
+@option("--min-accepted", type=click.IntRange(1), default=3, help="Accepted sends without a display to suspect.")
+@option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
+@url_option
+def report_suspects(since: str, min_accepted: int, at: str | None, database_url: str | None) -> None:
+    """Users whose sends are accepted but never displayed: revoked permission or an OS mute."""
+    from rich.table import Table
+
+    from gov.analytics import report as report_mod
+
+    rows = report_mod.revocation_suspects(
+        dsn(database_url), since=duration(since, "--since"), min_accepted=min_accepted, now=parse_at(at)
+    )
+    table = Table(title=f"Revocation suspects ({len(rows)})", title_justify="left")
+    for name in ("user", "accepted", "first accepted", "last accepted", "last display", "live endpoints"):
+        table.add_column(name)
+    for s in rows:
+        table.add_row(
+            s.user_id, str(s.accepted), s.first_accepted_at.isoformat(timespec="seconds"),
+            s.last_accepted_at.isoformat(timespec="seconds"),
+            s.last_display_at.isoformat(timespec="seconds") if s.last_display_at else "never",
+            str(s.live_subscriptions),
+        )
+    make_console().print(table)
+
+
+# ---------------------------------------------------------------- gov check
+
+
+@click.command("check")
+@option("--stuck-after", default="15m", help="Alarm on outbox leases expired longer ago than this.")
+@option("--at", default=None, help="Check as of this ISO 8601 time instead of now.")
+@option("--json", "as_json", is_flag=True, help="Print every check as JSON on stdout.")
+@option("--conservation", "conservation_since", default=None,
+        help="Also prove every message decided in this trailing window (e.g. 7d) is in exactly one state.")
+@url_option
+def check(
+    stuck_after: str, at: str | None, as_json: bool, conservation_since: str | None, database_url: str | None
+) -> None:
+    """Exit 1 with a one-line reason when something needs an operator (for cron); print ok otherwise.
+
+    Checks: a P0 (exempt) suppression ever; outbox rows stuck in sending; a push service
+    answering 401/403 in the last hour; held messages overdue (no releaser running); and
+    with --conservation, that no message is in two states or none.
+    """
+    from gov.ops import health
+
+    window = duration(stuck_after, "--stuck-after")
+    url = dsn(database_url)
+    now = parse_at(at)
+    checks = health.run_checks(url, now=now, stuck_after=window)
+    if conservation_since is not None:
+        checks.append(health.conservation_check(url, since=duration(conservation_since, "--conservation"), now=now))
+    if as_json:
+        click.echo(json.dumps([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks]))
+    failure = health.summary(checks)
+    if failure is not None:
+        click.echo(f"gov: check failed: {failure}", err=True)
+        sys.exit(1)
+    if not as_json:
+        click.echo("ok")
+
+
+# ---------------------------------------------------------------- gov serve
+
+
+@click.command("serve")
+@option("--host", envvar="GOV_SERVE_HOST", default="127.0.0.1", help="Address to listen on (loopback by default).")
+@option("--port", envvar="GOV_SERVE_PORT", type=click.IntRange(0, 65535), default=8080,
+        help="Port to listen on (0: any free port, announced on stderr).")
+@option("--pool-size", type=click.IntRange(1, 256), default=8, help="Database connections.")
+@option("--access-log", is_flag=True, help="Log every request.")
+@url_option
+def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: str | None) -> None:
+    """Serve the HTTP API: /internal/send, /events, /users/{id}/preferences, /healthz, /metrics.
+
+    Needs GOV_API_TOKEN (the bearer token of /internal and /users); refuses to start
+    without it. With GOV_VAPID_PRIVATE_KEY set it also delivers at once; without, allowed
+    messages wait in the outbox for `gov dispatch`. GOV_METRICS_TOKEN, if set, is a
+    scrape-only bearer token for /metrics (which also takes GOV_API_TOKEN).
+    """
+    try:
+        from gov.http import app as serve_mod
+    except ImportError as exc:  # starlette and uvicorn are dependencies of gov: a broken install
+        raise GovError(f"gov serve needs starlette and uvicorn (dependencies of gov; reinstall it): {exc}") from None
+
+    token = os.environ.get(serve_mod.ENV_TOKEN)
+    signer = None
+    if os.environ.get("GOV_VAPID_PRIVATE_KEY"):
+        from gov.delivery.vapid import VapidSigner
+
+        signer = VapidSigner.from_env()
+    serve_mod.serve(
+        dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
+        access_log=access_log, metrics_token=os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None,
+    )

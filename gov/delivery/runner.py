@@ -1,0 +1,517 @@
+"""The runner: claims outbox rows, delivers them through Web Push, records every outcome.
+
+Claim model: a *committed lease* (gov.claim_outbox_v2). A worker marks rows
+``sending`` until ``lease_until`` and commits before any HTTP call, so no transaction
+stays open during network I/O. A worker that dies leaves its rows leased; when the
+lease runs out another runner reclaims them.
+
+One runner per row at a time (invariant 12):
+
+* every attempt has a *total* deadline (connect, send and read: ``timeout_s``; each
+  blocking step gets only the time left, see :mod:`gov.delivery.pushclient`), and a runner refuses
+  a timeout that is not shorter than its lease;
+* a batch starts an attempt only while a whole ``timeout_s`` still fits in its lease
+  (less a margin kept for recording); the rows it has no time left for are handed back
+  unsent (``released``), so no attempt outlives the lease it was made under;
+* every claim increments the row's ``claim_token`` (a fencing token), and an outcome is
+  recorded only with the token of the claim that still holds the row: a runner whose
+  lease ran out and whose row was claimed again records nothing (``stale``), so it can
+  never overwrite or duplicate the new holder's work.
+
+What remains is the at-least-once window: a runner killed (or cut off from the
+database) after the push service accepted a message (201) but before its record
+committed leaves the row leased; when the lease runs out another runner sends it
+again. Nothing else sends a row twice. Duplicates are made harmless by a stable Topic
+and notification tag and the message id in the payload.
+
+Failure stays with its row (invariant 10): whatever goes wrong building, encrypting or
+sending one row ends that row (``failed``, with the reason) and never the batch. A 404
+or 410 retires the endpoint at once: its other rows in the batch are not sent, and its
+rows still to do elsewhere end ``gone`` (gov.record_attempt_v2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gov.db import Source
+from gov.delivery.netguard import EndpointGuard, EndpointRefused
+from gov.delivery.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
+from gov.delivery.pushclient import PushClient
+from gov.delivery.subscription import Subscription, origin_of
+from gov.delivery.vapid import VapidSigner
+from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, GovError, InvalidMessage, PoolTimeout
+from gov.ops import metrics
+from gov.queries import q
+
+log = logging.getLogger("gov.delivery.runner")
+
+DEFAULT_LEASE_S = 60.0  # seconds a claimed row stays ours before another runner may take it
+DEFAULT_TIMEOUT_S = 10.0  # seconds for a whole attempt (connect, send, read): never infinite (WEBPUSH.md 11)
+LEASE_MARGIN_S = 1.0  # at most this much of a lease is kept back for recording the batch
+DEFAULT_WORKERS = 8  # concurrent HTTP requests per runner: throughput comes from concurrency
+DEFAULT_MAX_ATTEMPTS = 8
+DEFAULT_BACKOFF_MS = 1000  # first retry after about a second, doubling
+DEFAULT_BACKOFF_CAP_MS = 300_000  # never wait more than five minutes between retries
+
+
+@dataclass
+class DispatchStats:
+    """What one drain did, by final outcome of each attempt."""
+
+    attempts: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def add(self, outcome: str) -> None:
+        self.attempts += 1
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    outbox_id: int
+    claim_token: int  # the fencing token of this claim: required to record its outcome
+    user_id: str
+    message_id: str
+    tier: str | None
+    attempts: int
+    subscription_id: int
+    endpoint: str
+    p256dh: str
+    auth: str
+    content: dict[str, Any] | None
+    collapse_key: str | None
+    ttl_s: int
+    urgency: str | None
+
+
+class Dispatcher:
+    """Drains the outbox: ``run_once()`` for what is due now, ``run_forever()`` to keep going.
+
+    ``clock`` (a callable returning an aware datetime) replaces the database clock for
+    deciding what is due and when to retry: the simulation clock of tests and
+    ``gov simulate``. Several dispatchers, in one process or many, may drain one outbox.
+
+    ``timeout_s`` is the total deadline of one attempt and must be shorter than
+    ``lease_s`` (:class:`~gov.errors.ConfigurationError` otherwise). ``batch`` defaults
+    to as many rows as ``workers`` can attempt within one lease (at most 4 each).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        signer: VapidSigner,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        batch: int | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff_ms: int = DEFAULT_BACKOFF_MS,
+        backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
+        clock: Callable[[], datetime] | None = None,
+        name: str | None = None,
+        allow_loopback_http: bool | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        check_deadlines(lease_s, timeout_s)
+        self.source = source if isinstance(source, Source) else Source(source, pool_size=workers + 1)
+        self.signer = signer
+        self.workers = workers
+        self.lease_s = lease_s
+        self.lease_ms = int(lease_s * 1000)
+        self.timeout_s = timeout_s
+        # kept back at the end of each lease for recording: between the two, every attempt fits
+        self.margin_s = min(LEASE_MARGIN_S, (lease_s - timeout_s) / 2)
+        self.batch = batch or workers * max(1, min(4, int((lease_s - self.margin_s) // timeout_s)))
+        self.max_attempts = max_attempts
+        self.backoff_ms = backoff_ms
+        self.backoff_cap_ms = backoff_cap_ms
+        self.clock = clock
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.topic_secret = signer.derived_secret(b"gov topic")
+        # invariant 13: test mode (loopback, http) only when asked for, else GOV_ALLOW_LOOPBACK_HTTP=1
+        self.guard = EndpointGuard.from_env(allow_loopback_http)
+        # keep-alive connection pools per push-service origin, shared by the worker threads
+        self.client = PushClient(self.guard)
+        self._checked: dict[str, float] = {}  # scheme://host:port -> until when its check holds
+        # (subscription id, endpoint) -> its 404/410, during one drain
+        self._gone_now: dict[tuple[int, str], dict[str, Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
+
+    def close(self) -> None:
+        self.stop_sending()
+        self.source.close()
+
+    def stop_sending(self) -> None:
+        """End the worker threads and close the idle connections; the database source stays."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.client.close()
+
+    def __enter__(self) -> Dispatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ claiming
+
+    def _now(self) -> datetime | None:
+        return self.clock() if self.clock is not None else None
+
+    def claim(self, limit: int, ids: list[int] | None = None) -> list[_Claimed]:
+        rows = self.source.execute(
+            q("claim_outbox"),
+            {"worker": self.name, "limit": limit, "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
+        )
+        return [_Claimed(*row) for row in rows]
+
+    def run_once(self, ids: list[int] | None = None, stop: threading.Event | None = None) -> DispatchStats:
+        """Deliver everything due now (or only the rows ``ids``); return what happened.
+
+        With ``stop``, a set event ends the drain after the batch in hand (recorded).
+        With worker threads, draining is pipelined: while the workers send one batch, this
+        thread records the previous batch's outcomes and claims the next (see
+        :meth:`_run_pipelined`).
+        """
+        self._gone_now = {}
+        if ids is None and self._pool is not None:
+            return self._run_pipelined(stop)
+        stats = DispatchStats()
+        remaining = None if ids is None else set(ids)
+        while (remaining is None or remaining) and not (stop is not None and stop.is_set()):
+            began = time.monotonic()  # the lease starts after this, at the claim
+            claimed = self.claim(self.batch, None if remaining is None else sorted(remaining))
+            if not claimed:
+                break
+            lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
+            attempts = self._deliver_batch(_by_subscription(claimed), lease_ends)
+            states = self._record(attempts)
+            for state in states:
+                stats.add(state)
+            if remaining is not None:
+                # each given row is attempted once here; what failed waits for its retry time
+                remaining -= {row.outbox_id for row in claimed}
+            elif all(state == "released" for state in states):
+                log.warning("no attempt fitted in the lease; leaving the rows to the next round",
+                            extra={"action": "lease_too_short"})
+                break
+        return stats
+
+    def _claim_batch(self) -> tuple[list[_Claimed], float]:
+        began = time.monotonic()  # the lease starts after this, at the claim
+        claimed = self.claim(self.batch)
+        return claimed, began + self.lease_s - self.margin_s  # by then every attempt of it has ended
+
+    def _run_pipelined(self, stop: threading.Event | None) -> DispatchStats:
+        """Drain with the database round trips overlapping the sending.
+
+        While the workers send batch *k*, this thread records batch *k-1* and claims batch
+        *k+1*; batch *k+1* is sent once *k* is done (an endpoint's rows stay in order), each
+        attempt still only while a whole timeout fits in its own batch's lease. An endpoint
+        that answered 404/410 is remembered for the drain, so that its rows in a batch
+        claimed before that answer was recorded are not sent either. Should a database call
+        fail, the batch in flight is still awaited and its record tried before the error
+        goes up (what cannot be recorded is the at-least-once window of docs/states.md).
+        """
+        stats = DispatchStats()
+        unrecorded: list[dict[str, Any]] | None = None
+        claimed, lease_ends = self._claim_batch()
+        more = True
+        while claimed:
+            waiter = self._start_batch(_by_subscription(claimed), lease_ends)
+            try:
+                if unrecorded is not None:
+                    states = self._record(unrecorded)
+                    unrecorded = None
+                    for state in states:
+                        stats.add(state)
+                    if states and all(state == "released" for state in states):
+                        log.warning("no attempt fitted in the lease; leaving the rows to the next round",
+                                    extra={"action": "lease_too_short"})
+                        more = False
+                if stop is not None and stop.is_set():
+                    more = False
+                next_claimed, next_ends = self._claim_batch() if more else ([], 0.0)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._record(waiter())
+                raise
+            unrecorded = waiter()
+            claimed, lease_ends = next_claimed, next_ends
+        if unrecorded is not None:
+            for state in self._record(unrecorded):
+                stats.add(state)
+        return stats
+
+    def run_forever(self, stop: threading.Event, idle_s: float = 1.0) -> None:
+        """Drain, then poll every ``idle_s`` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                stats = self.run_once(stop=stop)
+            except Exception:  # a restart of the database must not end the runner
+                log.exception("dispatch round failed; retrying", extra={"action": "dispatch_error"})
+                stats = DispatchStats()
+            if not stats.attempts:
+                stop.wait(idle_s)
+
+    # ------------------------------------------------------------ delivering
+
+    def _deliver_batch(self, groups: list[list[_Claimed]], lease_ends: float) -> list[dict[str, Any]]:
+        """Send a batch's endpoint groups on up to ``workers`` threads; return every attempt."""
+        return self._start_batch(groups, lease_ends)()
+
+    def _start_batch(
+        self, groups: list[list[_Claimed]], lease_ends: float
+    ) -> Callable[[], list[dict[str, Any]]]:
+        """Start sending a batch's endpoint groups on up to ``workers`` threads; return a
+        function that waits for the batch and returns every attempt.
+
+        Each worker takes the next group when it is done with one (one task per worker per
+        batch, not per message: the hand-over costs CPU the interpreter lock makes dear).
+        """
+        if self._pool is None or len(groups) <= 1:
+            done = [a for group in groups for a in self._deliver_group(group, lease_ends)]
+            return lambda: done
+        todo = iter(groups)
+        lock = threading.Lock()
+
+        def work() -> list[dict[str, Any]]:
+            done: list[dict[str, Any]] = []
+            while True:
+                with lock:
+                    group = next(todo, None)
+                if group is None:
+                    return done
+                done.extend(self._deliver_group(group, lease_ends))
+
+        futures = [self._pool.submit(work) for _ in range(min(self.workers, len(groups)))]
+        return lambda: [a for future in futures for a in future.result()]
+
+    def _deliver_group(self, rows: list[_Claimed], lease_ends: float) -> list[dict[str, Any]]:
+        """Send one endpoint's rows of a batch, in order; return their attempts.
+
+        An attempt starts only while a whole timeout still fits before ``lease_ends``
+        (monotonic seconds); a row with no time left is handed back unsent. After a
+        404/410 the endpoint's other rows are not sent: they end ``gone`` with it.
+        """
+        attempts: list[dict[str, Any]] = []
+        gone = self._gone_now.get((rows[0].subscription_id, rows[0].endpoint)) if rows else None
+        for row in rows:
+            if gone is not None:
+                error = f"not sent: the endpoint answered {gone['status']} to message {gone['message_id']}"
+                attempts.append(_attempt(row, gone["origin"], PushOutcome("gone", status=gone["status"], error=error)))
+            elif lease_ends - time.monotonic() < self.timeout_s:
+                attempts.append(_attempt(row, "", PushOutcome("transient"), "released"))
+            else:
+                attempt = self._deliver_one(row)
+                attempts.append(attempt)
+                if attempt["outcome"] == "gone":
+                    gone = {**attempt, "message_id": row.message_id}
+                    self._gone_now[(row.subscription_id, row.endpoint)] = gone  # for a batch claimed before
+        return attempts
+
+    def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
+        """Send one claimed row; return its attempt, recorded with the batch's.
+
+        Never raises: whatever goes wrong with this row (content that cannot be built,
+        a payload that does not fit, a key that does not encrypt, a bug) ends this row
+        ``failed`` with the reason, and the batch goes on (invariant 10).
+        """
+        started = time.monotonic()
+        try:
+            attempt = self._send(row)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, GovError) else f"{type(exc).__name__}: {exc}"
+            log.error(
+                "message %s for user %s cannot be sent: %s",
+                row.message_id,
+                row.user_id,
+                reason,
+                exc_info=not isinstance(exc, GovError),
+                extra={"action": "delivery_failed"},
+            )
+            attempt = _attempt(row, _origin(row.endpoint), PushOutcome("rejected", error=reason))
+        _observe(attempt, time.monotonic() - started)
+        return attempt
+
+    def _send(self, row: _Claimed) -> dict[str, Any]:
+        if row.content is None or row.tier is None:
+            raise InvalidMessage("no content stored for this message")
+        origin = origin_of(row.endpoint)
+        if row.ttl_s <= 0:
+            return _attempt(row, origin, PushOutcome("rejected", error="deadline passed before sending"), "expired")
+        try:  # a stored endpoint that may not be reached ends its row; the connection checks again
+            self._check_endpoint(row.endpoint)
+        except EndpointRefused as exc:
+            return _attempt(row, origin, PushOutcome("rejected", error=f"endpoint refused: {exc.reason}"))
+        payload = build_payload(
+            row.content.get("title"),  # type: ignore[arg-type]  # checked there
+            row.content.get("body") or "",
+            row.collapse_key or row.message_id,
+            row.content.get("url"),
+            row.tier,
+            row.message_id,
+            count=row.content.get("count"),
+        )
+        request = PushRequest(
+            subscription=Subscription(row.endpoint, row.p256dh, row.auth),
+            payload=payload,
+            ttl=row.ttl_s,
+            urgency=row.urgency or "normal",
+            topic=topic_for(row.collapse_key, self.topic_secret) if row.collapse_key else None,
+        )
+        outcome = deliver(request, self.signer, self.client, timeout=self.timeout_s)  # the total deadline
+        if outcome.kind == "rejected":
+            log.error(
+                "push service refused message %s for user %s: %s %s",
+                row.message_id,
+                row.user_id,
+                outcome.status,
+                outcome.body,
+                extra={"action": "delivery_rejected"},
+            )
+        elif outcome.kind == "unauthorized":
+            log.error(
+                "push service %s answered %s: check the VAPID key and subject",
+                origin,
+                outcome.status,
+                extra={"action": "vapid_alarm"},
+            )
+        return _attempt(row, origin, outcome)
+
+    def _check_endpoint(self, endpoint: str) -> None:
+        """The guard's check of ``endpoint``; a pass is remembered per ``scheme://host:port``
+        for as long as the guard keeps a resolution (what the check depends on)."""
+        prefix = endpoint.split("/", 3)[:3]
+        key = "/".join(prefix) if len(prefix) == 3 and prefix[1] == "" else None
+        now = time.monotonic()
+        if key is not None and self._checked.get(key, 0.0) > now:
+            return
+        self.guard.check_url(endpoint)
+        if key is not None and self.guard.cache_s > 0:
+            if len(self._checked) > 10_000:
+                self._checked.clear()
+            self._checked[key] = now + self.guard.cache_s
+
+    def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
+        """Record a batch's attempts in one call and one commit; return each row's new state.
+
+        Fenced by each claim's token: a row this runner no longer holds is ``stale`` (its
+        attempt is not recorded; reported here). Should the batch's call fail on one row's
+        data, each attempt is recorded alone, and a row that cannot be recorded even so
+        is failed with the reason: one row never keeps the others' outcomes unrecorded.
+        """
+        if not attempts:
+            return []
+        attempts = sorted(attempts, key=lambda a: int(a["outbox_id"]))  # the order the database records in
+        try:
+            rows = self.source.execute(q("record_attempts"), self._record_params(attempts))
+            states = [str(state) for _, state in rows]
+        except (ConnectionLost, PoolTimeout):
+            raise
+        except DatabaseError:
+            log.exception("recording a batch failed; recording its attempts one by one",
+                          extra={"action": "record_batch_error"})
+            states = [self._record_alone(attempt) for attempt in attempts]
+        for attempt, state in zip(attempts, states, strict=True):
+            if state == "stale":
+                log.warning(
+                    "outbox row %s: lease lost to another runner; outcome %s not recorded",
+                    attempt["outbox_id"],
+                    attempt["outcome"],
+                    extra={"action": "stale_record"},
+                )
+        return states
+
+    def _record_alone(self, attempt: dict[str, Any]) -> str:
+        try:
+            ((_, state),) = self.source.execute(q("record_attempts"), self._record_params([attempt]))
+        except (ConnectionLost, PoolTimeout):
+            raise
+        except DatabaseError as exc:
+            failed = {**attempt, "outcome": "rejected", "status": None, "retry_after_ms": None,
+                      "error": f"outcome {attempt['outcome']!r} could not be recorded: {exc}"[:2000]}
+            ((_, state),) = self.source.execute(q("record_attempts"), self._record_params([failed]))
+        return str(state)
+
+    def _record_params(self, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "attempts": json.dumps(attempts),
+            "max_attempts": self.max_attempts,
+            "backoff_ms": self.backoff_ms,
+            "backoff_cap_ms": self.backoff_cap_ms,
+            "now": self._now(),
+        }
+
+
+def check_deadlines(lease_s: float, timeout_s: float) -> None:
+    """Refuse a runner whose attempts could outlive their lease (invariant 12)."""
+    for name, value in (("lease", lease_s), ("timeout", timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ConfigurationError(f"{name}: must be finite seconds > 0 (got {value!r})")
+    if timeout_s >= lease_s:
+        raise ConfigurationError(
+            f"timeout {timeout_s:g} s must be shorter than the lease {lease_s:g} s: an attempt must end "
+            "before another runner may claim its row"
+        )
+
+
+def _by_subscription(rows: list[_Claimed]) -> list[list[_Claimed]]:
+    """A batch's rows by endpoint, each in claim order: one worker sends one endpoint's rows."""
+    groups: dict[int, list[_Claimed]] = {}
+    for row in rows:
+        groups.setdefault(row.subscription_id, []).append(row)
+    return list(groups.values())
+
+
+def _observe(attempt: dict[str, Any], seconds: float) -> None:
+    # one line per attempt for whoever debugs delivery: the row, the origin and the answer;
+    # never the endpoint's path, the keys or the Authorization header
+    log.debug(
+        "attempt: outbox row %s to %s: %s %s in %.1f ms", attempt["outbox_id"], attempt["origin"],
+        attempt["outcome"], attempt["status"], seconds * 1000, extra={"action": "attempt"},
+    )
+    try:  # metrics never end a row
+        metrics.observe_attempt(attempt["outcome"], attempt["status"], seconds)
+    except Exception:
+        log.exception("metrics: observe_attempt failed", extra={"action": "metrics_error"})
+
+
+def _origin(endpoint: str) -> str:
+    try:
+        return origin_of(endpoint)
+    except Exception:  # an endpoint that is not even a URL still gets its row ended
+        return ""
+
+
+def _attempt(row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None = None) -> dict[str, Any]:
+    retry_ms = int(outcome.retry_after_s * 1000) if outcome.retry_after_s is not None else None
+    # the answer's body is kept only for refusals, where it says what to fix
+    error = outcome.error or (outcome.body if outcome.kind in ("rejected", "unauthorized") else None)
+    if error is not None:
+        error = error.replace("\x00", "\ufffd")[:2000]  # a NUL cannot be stored: it must not sink the batch
+    return {
+        "outbox_id": row.outbox_id,
+        "claim_token": row.claim_token,
+        "origin": origin,
+        "outcome": kind or outcome.kind,
+        "status": outcome.status,
+        "retry_after_ms": retry_ms,
+        "error": error,
+    }

@@ -1,0 +1,1 @@
+"""The HTTP API that `gov serve` runs: decide, send, subscribe, beacons, metrics."""

@@ -1,0 +1,240 @@
+"""``gov bench``: the click command (registered on ``gov``'s group; also runnable on its own).
+
+    python -m gov.lab.bench.cli --seconds 2 --workload mixed
+
+Figures go to stdout (the table) and to ``--json FILE``; progress and errors to stderr.
+A failure is one line, ``gov: error: …``, and exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from gov.cli.common import option
+from gov.errors import GovError
+from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
+
+
+@click.command(context_settings={"show_default": True})
+@option(
+    "--database-url",
+    envvar="GOV_DATABASE_URL",
+    help="A server to bench on: a scratch database gov_bench_<random> is created there (needs CREATEDB) "
+    "and dropped after; your own gov tables are never touched. Without one, a throwaway embedded PostgreSQL.",
+)
+@option(
+    "--connections",
+    envvar="GOV_BENCH_CONNECTIONS",
+    type=click.IntRange(min=1),
+    default=8,
+    help="Client processes, one connection each.",
+)
+@option(
+    "--seconds",
+    envvar="GOV_BENCH_SECONDS",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    help="Length of each timed run (one contender on one workload).",
+)
+@option(
+    "--users",
+    envvar="GOV_BENCH_USERS",
+    type=click.IntRange(min=1),
+    default=10_000,
+    help="Population of the saturated and mixed workloads.",
+)
+@option(
+    "--workload",
+    "workloads",
+    envvar="GOV_BENCH_WORKLOAD",
+    type=click.Choice([*WORKLOADS, "all"]),
+    multiple=True,
+    default=["all"],
+    help="fresh: users never seen (all allowed); saturated: users at their cap (all suppressed); "
+    "mixed: random users from --users. Repeatable.",
+)
+@option(
+    "--rounds",
+    envvar="GOV_BENCH_ROUNDS",
+    type=click.IntRange(min=1),
+    default=1,
+    help="Timed runs per contender and workload, interleaved (order reversed every other round); "
+    "the table shows medians. Use on a busy machine.",
+)
+@option(
+    "--history",
+    envvar="GOV_BENCH_HISTORY",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Send rows preloaded before each gov run: half in-window for other users, half older than 7 days.",
+)
+@option(
+    "--durability",
+    envvar="GOV_BENCH_DURABILITY",
+    type=click.Choice(["durable", "async", "both"]),
+    default="durable",
+    help="async: gov's connections SET synchronous_commit = off, an opt-in trade (a crash may lose the "
+    "last fraction of a second of decisions); both: report gov and gov_async.",
+)
+@option(
+    "--json",
+    "json_path",
+    envvar="GOV_BENCH_JSON",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the figures to this file as JSON.",
+)
+@option(
+    "--redis/--no-redis",
+    envvar="GOV_BENCH_REDIS",
+    default=None,
+    show_default="when redis-server is on PATH",
+    help="Measure the seeds' Redis Lua scripts on a private redis-server.",
+)
+@option(
+    "--lock",
+    envvar="GOV_BENCH_LOCK",
+    type=click.Choice(["advisory", "row", "both"]),
+    default="advisory",
+    hidden=True,
+    help="Lock-choice measurement: 'row' swaps the decision's advisory lock for a gov.users row lock "
+    "(gov_row; scratch database only); 'both' measures gov and gov_row in the same run.",
+)
+@option(
+    "--delivery",
+    is_flag=True,
+    envvar="GOV_BENCH_DELIVERY",
+    help="Measure deliveries/s and client CPU per message instead: gov dispatch against a naive "
+    "one-request-at-a-time pywebpush loop, same run, same loopback push service (a counting Node.js "
+    "server, measured alone first).",
+)
+@option(
+    "--messages",
+    envvar="GOV_BENCH_MESSAGES",
+    type=click.IntRange(min=1),
+    default=2000,
+    help="With --delivery: messages each contender delivers.",
+)
+@option(
+    "--workers",
+    envvar="GOV_BENCH_WORKERS",
+    type=click.IntRange(min=1),
+    default=2,
+    help="With --delivery: the runner's concurrent HTTP workers per process (on loopback two keep a "
+    "process busy; real push services, tens of milliseconds away, want more: gov dispatch's default is 8).",
+)
+@option(
+    "--processes",
+    envvar="GOV_BENCH_PROCESSES",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default="the machine's cores",
+    help="With --delivery: runner processes (gov dispatch --processes).",
+)
+@option(
+    "--verify",
+    is_flag=True,
+    envvar="GOV_BENCH_VERIFY",
+    help="With --delivery: deliver to gov.testing.PushService, which verifies VAPID and decrypts every "
+    "message (a correctness pass; too slow to show the senders' speed).",
+)
+def bench(
+    database_url: str | None,
+    connections: int,
+    seconds: float,
+    users: int,
+    workloads: tuple[str, ...],
+    rounds: int,
+    history: int,
+    durability: str,
+    json_path: Path | None,
+    redis: bool | None,
+    lock: str,
+    delivery: bool,
+    messages: int,
+    workers: int,
+    processes: int | None,
+    verify: bool,
+) -> None:
+    """Measure decisions per second: gov's decide against a SELECT 1 floor and the seeds' Redis scripts.
+
+    Compare the × floor column within one run, never absolute figures across runs.
+    """
+    if delivery:
+        _delivery(database_url, messages, workers, processes, verify, json_path)
+        return
+    chosen = tuple(w for w in WORKLOADS if w in workloads or "all" in workloads)
+    cfg = BenchConfig(
+        database_url=database_url,
+        connections=connections,
+        seconds=seconds,
+        users=users,
+        workloads=chosen,
+        history=history,
+        rounds=rounds,
+        durability=durability,
+        redis=redis,
+        lock=lock,
+    )
+    try:
+        report = run(cfg, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True))
+        if json_path is not None:
+            report.write_json(json_path)
+    except (GovError, BenchError, RuntimeError, OSError) as exc:
+        # one line, whatever the driver put in the message (libpq's span several)
+        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        # the clients, the private redis-server and the scratch database are already gone
+        click.echo("gov: interrupted", err=True)
+        sys.exit(130)
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    report.print(console)
+
+
+def _delivery(database_url: str | None, messages: int, workers: int, processes: int | None, verify: bool,
+              json_path: Path | None) -> None:
+    import json
+
+    from rich.table import Table
+
+    from gov.lab.bench.decisions import scratch_database
+    from gov.lab.bench.delivery import run_delivery_bench
+
+    try:
+        with scratch_database(database_url) as dsn:
+            report = run_delivery_bench(
+                dsn, messages=messages, workers=workers, processes=processes,
+                service="verify" if verify else "count",
+                progress=lambda msg: click.echo(f"gov bench: {msg}", err=True),
+            )
+    except (GovError, BenchError, RuntimeError, OSError) as exc:
+        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        sys.exit(1)
+    figures = report.figures
+    naive = figures[0].per_second or 1.0
+    where = "the verifying test push service" if verify else "a counting push service"
+    table = Table(title=f"deliveries to {where} on loopback (its own process)")
+    for column in ("contender", "messages", "delivered", "seconds", "messages/s", "× naive", "client CPU ms/msg"):
+        table.add_column(column, justify="left" if column == "contender" else "right")
+    for f in figures:
+        table.add_row(f.contender, f"{f.messages:,}", f"{f.delivered:,}", f"{f.seconds:.2f}",
+                      f"{f.per_second:,.0f}", f"{f.per_second / naive:.2f}", f"{f.cpu_ms_per_message:.3f}")
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console.print(table)
+    if report.service_per_second is not None:
+        console.print(f"push service alone (keep-alive, pipelined): {report.service_per_second:,.0f} requests/s")
+    console.print("load average (1, 5, 15 min): before {} · after {} · {} cores".format(
+        ", ".join(f"{x:.2f}" for x in report.load_before), ", ".join(f"{x:.2f}" for x in report.load_after),
+        os.cpu_count()))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_json(), indent=2))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench()

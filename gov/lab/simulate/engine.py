@@ -1,0 +1,662 @@
+"""The clocked loop: the story's messages through the governor, the releaser and the runner.
+
+Time is a simulation clock, never slept: every ``tick`` (five simulated minutes) the
+messages the teams planned in that interval go through :meth:`Governor.send` at their own
+moment, then the releaser runs at the tick's end on the same clock, then gov's runner
+(:class:`gov.delivery.runner.Dispatcher`) delivers what the tick queued, and each delivered
+message meets its user, who displays, clicks, closes or unsubscribes (recorded with
+:func:`gov.analytics.events.record_event`). Deferrals, quiet hours, collapses and expiries are the
+real ones, and every allowed message is encrypted, VAPID-signed, sent to a loopback
+:class:`gov.testing.PushService` and verified and decrypted there.
+
+Where the time goes: a delivery costs about 2 ms of Python CPU (pywebpush's encryption,
+requests, the push service's parsing, signature check and decryption). The runners and
+the push services therefore run in child processes of their own, and a tick's delivery
+overlaps the next tick's sends (see :class:`Engine`).
+
+Determinism: every decision touches one user's rows only, so sends run in parallel
+*lanes* partitioned by user (each user's messages stay in order, in one lane); engagement
+draws are keyed by (seed, user, message); outcomes are read back from the database in a
+fixed order. Thread and process scheduling change timings, never results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import json
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from gov import migrate
+from gov import policy as policy_mod
+from gov.db import translate_errors
+from gov.delivery.runner import Dispatcher
+from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.errors import DatabaseError, GovError
+from gov.governor import Governor
+from gov.hold.release import Releaser
+from gov.lab.simulate.story import DAY, DEFAULT_START, KINDS, Planned, SimUser, Story, population, react
+from gov.queries import q
+from gov.testing.postgres import with_dbname
+from gov.users import set_quiet_hours, set_time_zone
+
+SUBJECT = "mailto:simulation@gov.example"
+#: A cap no simulated user can reach: the governor is "off" while every code path stays on.
+UNREACHABLE_CAP = 1_000_000_000
+WEEK = timedelta(days=7)
+CURVE_TOP = 15  # the ground-truth curve groups 15 and more sends a week together
+TELEMETRY_THREADS = 3  # background writers of the users' events
+
+
+class SimulationError(GovError):
+    """The simulation could not run (no database server, no CREATEDB, a bad policy file)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate. ``policy_text`` None: the default policy."""
+
+    users: int = 2000
+    days: int = 14
+    seed: int = 1
+    policy_text: str | None = None
+    policy_name: str = "default policy"
+    start: datetime = DEFAULT_START
+    tick: timedelta = timedelta(minutes=5)
+    lanes: int = 4  # parallel senders (by user): the decision is server-side work
+    runners: int = 2  # runner processes (gov.delivery.runner.Dispatcher)
+    workers: int = 8  # concurrent HTTP requests per runner process
+    push_services: int = 2  # loopback push services, each in its own process (users are spread over them)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + self.days * DAY
+
+
+@dataclass
+class EngineStats:
+    """Counters the loop keeps; the summary itself is read from the database."""
+
+    planned: int = 0  # messages the teams planned within the run
+    sent: int = 0  # handed to Governor.send
+    skipped: int = 0  # planned for a user who had unsubscribed by then
+    unsubscribed: int = 0  # users
+    events: int = 0  # telemetry events recorded
+    events_available: bool = True
+    push_requests: int = 0  # what the push service received
+    push_decrypted: int = 0  # of which it verified and decrypted (answered 2xx)
+    wall_s: float = 0.0
+    # the simulated users' own fatigue curve, the ground truth the fatigue report estimates:
+    # sends already received in the trailing 7 days → [sends, clicks, unsubscribes]
+    curve: dict[int, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class RunOutcome:
+    """One run: its database (kept or already dropped) and the engine's counters."""
+
+    label: str
+    governed: bool
+    stats: EngineStats
+    summary: Any = None  # gov.lab.simulate.summary.Summary, collected before the database is dropped
+    kept_url: str | None = None
+
+
+class SimClock:
+    """The simulation clock every gov component is given."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+Progress = Callable[[int, int, EngineStats], None]
+
+# ---------------------------------------------------------------- child processes
+#
+# The Python work of a delivery is large: pywebpush encrypts, requests builds the POST,
+# the push service parses it, verifies the VAPID signature and decrypts the payload. In
+# one process all of it would queue for one interpreter lock, so the push services and
+# gov's runners each get processes of their own. Plain subprocesses speaking JSON lines
+# on stdin/stdout, not multiprocessing: spawn would re-import the caller's main module.
+
+
+def _serve_lines(handle: Callable[[str, Any], Any]) -> None:
+    """The child's loop: one JSON command per line in, one JSON answer per line out."""
+    try:
+        for line in sys.stdin:
+            command, argument = json.loads(line)
+            if command == "stop":
+                break
+            print(json.dumps(handle(command, argument)), flush=True)
+    except KeyboardInterrupt:  # the parent was interrupted too; it cleans up
+        pass
+
+
+def push_host_main() -> None:
+    """Child process: a gov.testing PushService (its origin is the first answer)."""
+    from gov.testing import PushService
+
+    public_key = json.loads(sys.stdin.readline())
+    with PushService(expected_public_key=public_key) as service:
+        print(json.dumps(service.origin), flush=True)
+
+        def handle(command: str, argument: Any) -> Any:
+            if command == "subscribe":
+                return [service.subscribe().info for _ in range(argument)]
+            received = service.received  # "stats"
+            return [len(received), sum(1 for r in received if r.status is not None and 200 <= r.status < 300)]
+
+        _serve_lines(handle)
+
+
+def runner_main() -> None:
+    """Child process: gov's runner (gov.delivery.runner.Dispatcher) on the simulation clock."""
+    setup = json.loads(sys.stdin.readline())
+    signer = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": setup["key"], "GOV_VAPID_SUBJECT": SUBJECT})
+    clock = SimClock(datetime.fromisoformat(setup["now"]))
+    workers = int(setup["workers"])
+    # a large claim: one tick's rows are claimed at once, so no worker idles between batches
+    # allow_loopback_http: the simulated push service is on 127.0.0.1 over plain HTTP, on purpose
+    with Dispatcher(
+        setup["dsn"], signer, workers=workers, batch=512, clock=clock, allow_loopback_http=True
+    ) as runner:
+        print(json.dumps("ready"), flush=True)
+
+        def handle(command: str, argument: Any) -> Any:
+            now, ids = argument  # "run": deliver these outbox rows, as of now
+            clock.now = datetime.fromisoformat(now)
+            attempts = 0
+            for start in range(0, len(ids), runner.batch):
+                attempts += runner.run_once(ids=ids[start : start + runner.batch]).attempts
+            return attempts
+
+        _serve_lines(handle)
+
+
+class _Child:
+    """A child process of this module, driven by :func:`_serve_lines`."""
+
+    def __init__(self, entry: str, first: Any) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", f"from gov.lab.simulate.engine import {entry}; {entry}()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,  # line-buffered: one command, one answer
+        )
+        self._lock = threading.Lock()
+        try:
+            self._send(first)
+            self.hello: Any = self._receive()
+        except Exception:
+            self.close()
+            raise
+
+    def _send(self, value: Any) -> None:
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps(value) + "\n")
+            self._process.stdin.flush()
+        except OSError as exc:
+            raise SimulationError(f"a simulation helper process failed: {exc}") from None
+
+    def _receive(self) -> Any:
+        assert self._process.stdout is not None
+        answer = self._process.stdout.readline()
+        if not answer:
+            raise SimulationError(f"a simulation helper process exited (status {self._process.poll()})")
+        return json.loads(answer)
+
+    def call(self, command: str, argument: Any = None) -> Any:
+        with self._lock:
+            self._send([command, argument])
+            return self._receive()
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            with contextlib.suppress(OSError, ValueError, SimulationError):
+                self._send(["stop", None])
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # our own child, by handle: never by name
+                self._process.kill()
+                self._process.wait(timeout=5)
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+class PushHost(_Child):
+    """The loopback push service from :mod:`gov.testing`, in a child process."""
+
+    def __init__(self, public_key: str) -> None:
+        super().__init__("push_host_main", public_key)
+        self.origin: str = self.hello
+
+    def subscribe(self, n: int) -> list[dict[str, Any]]:
+        """``n`` new browser subscriptions (PushSubscription JSON)."""
+        return list(self.call("subscribe", n))
+
+    def stats(self) -> tuple[int, int]:
+        """(requests received, requests verified, decrypted and accepted)."""
+        received, accepted = self.call("stats")
+        return int(received), int(accepted)
+
+
+class Runners:
+    """gov's runner in ``n`` child processes; a tick's outbox rows are shared out among them."""
+
+    def __init__(self, n: int, dsn: str, key_path: Path, workers: int, now: datetime) -> None:
+        self._children: list[_Child] = []
+        try:
+            for _ in range(n):
+                setup = {"dsn": dsn, "key": str(key_path), "workers": workers, "now": now.isoformat()}
+                self._children.append(_Child("runner_main", setup))
+        except Exception:
+            self.close()
+            raise
+
+    def run(self, now: datetime, ids: Sequence[int]) -> int:
+        """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return the attempts made."""
+        if not ids:
+            return 0
+        parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
+        busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
+        for child, part in busy:  # all start, then all are awaited
+            child._send(["run", [now.isoformat(), part]])
+        return sum(int(child._receive()) for child, _ in busy)
+
+    def close(self) -> None:
+        for child in self._children:
+            child.close()
+
+
+# ---------------------------------------------------------------- databases
+
+
+def _admin(server_url: str, template: str, name: str) -> None:
+    try:
+        conn = psycopg.connect(server_url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise SimulationError(f"cannot reach the database server: {' '.join(str(exc).split())}") from None
+    with translate_errors(), conn:
+        conn.execute(sql.SQL(q(template)).format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str, *, keep: bool = False) -> Iterator[str]:
+    """A new database ``gov_sim_<random>`` on the server of ``server_url``, migrated; dropped after.
+
+    The database ``server_url`` names is never touched: the simulation's 2,000 made-up
+    users do not belong in anyone's real gov tables. Needs CREATEDB.
+    """
+    name = f"gov_sim_{secrets.token_hex(4)}"
+    try:
+        _admin(server_url, "sim_create_database", name)
+    except DatabaseError as exc:
+        raise SimulationError(
+            f"cannot create the scratch database {name} ({exc}); gov simulate needs CREATEDB on the server"
+        ) from None
+    try:
+        # A scratch database needs no durability: not waiting for the WAL flush at every
+        # commit (each send, each attempt, each event is one) is most of a round trip.
+        _admin(server_url, "sim_no_sync_commit", name)
+        dsn = with_dbname(server_url, name)
+        with translate_errors():
+            migrate.upgrade(dsn)
+        yield dsn
+    finally:
+        if not keep:
+            _admin(server_url, "sim_drop_database", name)
+
+
+def ungoverned(policy: policy_mod.Policy) -> policy_mod.Policy:
+    """``policy`` with the governor effectively off: every cap unreachable, no quiet hours.
+
+    Tiers, verbs, consumption and TTLs stay as they are, so the messages take the very
+    same code path; only nothing is ever over a cap or inside quiet hours.
+    """
+
+    def lift(windows: tuple[policy_mod.Window, ...]) -> tuple[policy_mod.Window, ...]:
+        return tuple(policy_mod.Window(w.window_ms, UNREACHABLE_CAP) for w in windows)
+
+    return replace(
+        policy,
+        tiers={name: replace(t, windows=lift(t.windows)) for name, t in policy.tiers.items()},
+        topics={topic: lift(ws) for topic, ws in policy.topics.items()},
+        global_windows=lift(policy.global_windows),
+        quiet_start=None,
+        quiet_end=None,
+    )
+
+
+def load_policy(config: SimConfig) -> tuple[policy_mod.Policy, str]:
+    """The policy to simulate and its text (raises PolicyError for a bad file)."""
+    if config.policy_text is None:
+        return policy_mod.default_policy(), policy_mod.default_policy_text()
+    return policy_mod.parse_policy(config.policy_text, config.policy_name), config.policy_text
+
+
+def _apply_policy(dsn: str, config: SimConfig, governed: bool) -> None:
+    chosen, text = load_policy(config)
+    if not governed:
+        chosen = ungoverned(chosen)
+        text = chosen.to_toml()
+    with translate_errors(), psycopg.connect(dsn) as conn, conn.transaction():
+        policy_mod.apply(conn, chosen, text)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Reader:
+    """Per-user memory of the engagement model: what they received this week."""
+
+    received: dict[int, deque[datetime]] = field(default_factory=dict)
+
+    def volume(self, user: int, now: datetime) -> int:
+        times = self.received.setdefault(user, deque())
+        while times and times[0] <= now - WEEK:
+            times.popleft()
+        return len(times)
+
+    def add(self, user: int, at: datetime) -> None:
+        self.received.setdefault(user, deque()).append(at)
+
+
+def _record_event_fn() -> Callable[..., Any] | None:
+    try:
+        from gov.analytics.events import record_event
+    except ImportError:  # telemetry not installed: simulate without events
+        return None
+    return record_event
+
+
+class _Telemetry:
+    """Records the users' events through gov.analytics.events.record_event, off the tick's critical path.
+
+    Nothing in the simulation reads the events back until the summary, and each is its
+    own row (no order between them matters), so they are written by a few background
+    threads while the ticks go on; :meth:`drain` waits for all of them.
+    """
+
+    def __init__(self, record_event: Callable[..., Any], threads: int) -> None:
+        self._record_event = record_event
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gov-sim-events")
+        self._threads = threads
+        self._futures: list[Future[int]] = []
+        self.recorded = 0
+
+    def _write(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> int:
+        for user_id, message_id, event, subscription_id in events:
+            self._record_event(gov, user_id, message_id, event, subscription_id=subscription_id, at=at)
+        return len(events)
+
+    def record(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> None:
+        for part in range(self._threads):
+            chunk = events[part :: self._threads]
+            if chunk:
+                self._futures.append(self._pool.submit(self._write, gov, chunk, at))
+        if len(self._futures) > 1000:  # collect what is done (and raise what failed)
+            done = [f for f in self._futures if f.done()]
+            self.recorded += sum(f.result() for f in done)
+            self._futures = [f for f in self._futures if not f.done()]
+
+    def drain(self) -> int:
+        """Wait for every event to be written; return how many were."""
+        self.recorded += sum(f.result() for f in self._futures)
+        self._futures = []
+        self._pool.shutdown(wait=True)
+        return self.recorded
+
+
+class Engine:
+    """Runs one simulation into one (scratch) database.
+
+    Each tick is two stages. *Send*: the messages planned in the interval go through
+    ``Governor.send`` (in lanes by user), then the releaser runs at the tick's end.
+    *Deliver*: the runner processes deliver what the tick queued, then the users react.
+    The deliver stage of one tick runs in the background while the next tick sends: the
+    two touch different rows (the outbox and the telemetry, against decisions and
+    sends). The one thing sending needs from reacting, who has unsubscribed, it takes
+    as of the tick before, so an unsubscribe takes effect one tick (five simulated
+    minutes) later — however the threads are scheduled.
+    """
+
+    def __init__(self, dsn: str, config: SimConfig, *, governed: bool, progress: Progress | None = None) -> None:
+        self.dsn = dsn
+        self.config = config
+        self.governed = governed
+        self.progress = progress
+        self.stats = EngineStats()
+        self.users: list[SimUser] = population(config.users, config.seed)
+        self.by_id = {u.user_id: u for u in self.users}
+        self.story = Story(self.users, config.seed, config.start)
+        self.clock = SimClock(config.start)
+        self.unsubscribed: set[int] = set()  # written by the deliver stage only
+        self.push: list[PushHost] = []
+        self.reader = _Reader()
+        self.record_event = _record_event_fn()
+        self.stats.events_available = self.record_event is not None
+        self._telemetry = _Telemetry(self.record_event, TELEMETRY_THREADS) if self.record_event else None
+
+    # ------------------------------------------------------------ setup
+
+    def _push_of(self, user: int) -> PushHost:
+        return self.push[user % len(self.push)]
+
+    def _subscribe_everyone(self, gov: Governor, pool: ThreadPoolExecutor) -> None:
+        """Every user's browsers subscribe (on their push service), then time zones and quiet hours."""
+        infos = {
+            id(host): iter(host.subscribe(sum(u.endpoints for u in self.users if self._push_of(u.index) is host)))
+            for host in self.push
+        }
+        browsers = [(u, [next(infos[id(self._push_of(u.index))]) for _ in range(u.endpoints)]) for u in self.users]
+
+        def subscribe(items: list[tuple[SimUser, list[dict[str, Any]]]]) -> list[None]:
+            for u, mine in items:
+                for info in mine:
+                    gov.subscribe(u.user_id, info)
+            return []
+
+        self._lanes(pool, browsers, lambda b: b[0].index, subscribe)
+        checked: set[str] = set()
+        with translate_errors(), psycopg.connect(self.dsn) as conn, conn.transaction():
+            for u in self.users:
+                if u.time_zone in checked:
+                    # set_time_zone validates the zone against pg_timezone_names, ~10 ms a
+                    # scan; once per distinct zone is enough, then the statement it runs
+                    conn.execute(q("set_user_time_zone"), {"user_id": u.user_id, "tz": u.time_zone})
+                elif u.time_zone is not None:
+                    set_time_zone(conn, u.user_id, u.time_zone)
+                    checked.add(u.time_zone)
+                # a user's own quiet window is a quiet-hours rule too: off when the governor is
+                if self.governed and u.quiet is not None:
+                    set_quiet_hours(conn, u.user_id, u.quiet)
+
+    # ------------------------------------------------------------ running
+
+    def run(self) -> EngineStats:
+        """Play the whole story; return the engine's counters."""
+        started = time.perf_counter()
+        _apply_policy(self.dsn, self.config, self.governed)
+        cfg = self.config
+        with contextlib.ExitStack() as stack:
+            keydir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gov-sim-")))
+            key = keydir / "vapid.pem"
+            public_key = generate_keypair(key)
+            for _ in range(cfg.push_services):
+                self.push.append(stack.enter_context(contextlib.closing(PushHost(public_key))))
+            runners = stack.enter_context(
+                contextlib.closing(Runners(cfg.runners, self.dsn, key, cfg.workers, self.clock.now))
+            )
+            # allow_loopback_http: the push service is on 127.0.0.1 over plain HTTP, on purpose.
+            # Connections: the send lanes, the deliver stage, the event writers, the releaser.
+            gov = stack.enter_context(
+                Governor(self.dsn, clock=self.clock, allow_loopback_http=True,
+                         pool_size=cfg.lanes + TELEMETRY_THREADS + 2)
+            )
+            releaser = Releaser(gov.source, clock=self.clock)
+            send_pool = stack.enter_context(ThreadPoolExecutor(cfg.lanes, thread_name_prefix="gov-sim-send"))
+            self._subscribe_everyone(gov, send_pool)
+            try:
+                self._loop(gov, releaser, runners, send_pool)
+            finally:
+                if self._telemetry is not None:
+                    self.stats.events = self._telemetry.drain()
+            for host in self.push:
+                received, accepted = host.stats()
+                self.stats.push_requests += received
+                self.stats.push_decrypted += accepted
+        self.stats.unsubscribed = len(self.unsubscribed)
+        self.stats.wall_s = time.perf_counter() - started
+        return self.stats
+
+    def _lanes(self, pool: ThreadPoolExecutor, items: Sequence[Any], user_of: Callable[[Any], int],
+               work: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        """Run ``work`` over ``items`` split by user into lanes; each user's items stay in order."""
+        lanes = self.config.lanes
+        if len(items) < 4 * lanes:  # not worth a thread hop
+            return work(list(items))
+        split: list[list[Any]] = [[] for _ in range(lanes)]
+        for item in items:
+            split[user_of(item) % lanes].append(item)
+        out: list[Any] = []
+        for part in pool.map(work, [s for s in split if s]):
+            out.extend(part)
+        return out
+
+    def _loop(self, gov: Governor, releaser: Releaser, runners: Runners, send_pool: ThreadPoolExecutor) -> None:
+        cfg = self.config
+        ticks = int((cfg.end - cfg.start) / cfg.tick)
+        heap: list[tuple[datetime, int, str, Planned]] = []
+        next_day = 0
+        next_release: datetime | None = None  # the earliest release_at still waiting
+        gone: frozenset[int] = frozenset()  # who had unsubscribed as of the last finished deliver stage
+        delivering: Future[list[int]] | None = None  # the previous tick's deliver stage
+
+        def send(items: list[Planned]) -> list[tuple[tuple[int, ...], bool]]:
+            out = []
+            for p in items:
+                result = gov.send(p.message, at=p.at, deliver=False)
+                out.append((result.outbox_ids, result.decision.action in ("defer", "collapse")))
+            return out
+
+        with ThreadPoolExecutor(1, thread_name_prefix="gov-sim-deliver") as stage:
+            for tick in range(1, ticks + 1):
+                now = cfg.start + tick * cfg.tick
+                while next_day < cfg.days and cfg.start + next_day * DAY < now:
+                    for p in self.story.day(next_day):
+                        if p.at < cfg.end:
+                            heapq.heappush(heap, (*p.sort_key, p))
+                            self.stats.planned += 1
+                    next_day += 1
+                due: list[Planned] = []
+                while heap and heap[0][0] < now:
+                    p = heapq.heappop(heap)[-1]
+                    if p.user in gone:
+                        self.stats.skipped += 1  # the teams stop sending to users who left
+                    else:
+                        due.append(p)
+                self.stats.sent += len(due)
+                results = self._lanes(send_pool, due, lambda p: p.user, send)
+                queued = [oid for ids, _ in results for oid in ids]
+                held = any(h for _, h in results)
+                # the releaser's cron at the tick's end, on the same clock
+                self.clock.now = now
+                if next_release is not None and next_release <= now:
+                    queued.extend(releaser.run_once().outbox_ids)
+                    held = True
+                if held:  # something entered or left the queue: when is the next release due?
+                    (next_release,) = gov.source.execute(q("sim_next_release"), {})[0]
+                carried = delivering.result() if delivering is not None else []
+                gone = frozenset(self.unsubscribed)
+                delivering = stage.submit(self._deliver, gov, runners, carried + queued, now)
+                if self.progress is not None:
+                    self.progress(tick, ticks, self.stats)
+            if delivering is not None:
+                delivering.result()
+
+    # ------------------------------------------------------------ delivery and engagement
+
+    def _deliver(self, gov: Governor, runners: Runners, ids: list[int], now: datetime) -> list[int]:
+        """Deliver the outbox rows ``ids`` as of ``now``, then users react; return the rows still in flight."""
+        if not ids:
+            return []
+        # only rows this simulation queued: an idle tick costs no claim at all
+        runners.run(now, ids)
+        rows = gov.source.execute(q("sim_outbox_outcomes"), {"ids": ids})
+        pending: list[int] = []
+        messages: list[tuple[str, str, int]] = []  # (user, message, the endpoint the user looks at)
+        group: list[tuple[Any, ...]] = []
+        for row in [*rows, None]:
+            if group and (row is None or (row[1], row[2]) != (group[0][1], group[0][2])):
+                if any(r[4] in ("pending", "sending") for r in group):
+                    pending.extend(r[0] for r in group)  # a retry is due later: look again next tick
+                else:
+                    subs = [r[3] for r in group if r[4] == "delivered"]
+                    if subs:
+                        messages.append((group[0][1], group[0][2], subs[0]))
+                group = []
+            if row is not None:
+                group.append(row)
+        events = self._react(messages, now)
+        if events and self._telemetry is not None:
+            self._telemetry.record(gov, events, now)
+        return pending
+
+    def _react(self, items: list[tuple[str, str, int]], now: datetime) -> list[tuple[str, str, str, int]]:
+        """Users react to what they received (in a fixed order); return the events to record."""
+        events: list[tuple[str, str, str, int]] = []
+        for user_id, message_id, subscription_id in items:
+            user = self.by_id[user_id]
+            if user.index in self.unsubscribed:
+                continue  # gone already: nothing shows up any more
+            kind = KINDS[message_id.split("-", 1)[0]]
+            volume = self.reader.volume(user.index, now)
+            displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume)
+            self.reader.add(user.index, now)
+            counts = self.stats.curve.setdefault(min(volume, CURVE_TOP), [0, 0, 0])  # sends, clicks, unsubscribes
+            counts[0] += 1
+            counts[1] += outcome == "click"
+            counts[2] += outcome == "unsubscribe"
+            # one device shows it: the report counts messages, not endpoints
+            if displayed:
+                events.append((user_id, message_id, "display", subscription_id))
+            if outcome != "ignore":
+                events.append((user_id, message_id, outcome, subscription_id))
+            if outcome == "unsubscribe":
+                self.unsubscribed.add(user.index)  # for good
+        return events
+
+
+def simulate(server_url: str, config: SimConfig, *, governed: bool, keep: bool = False,
+             progress: Progress | None = None) -> RunOutcome:
+    """One run in a fresh scratch database on ``server_url``; the summary is read before it is dropped."""
+    from gov.lab.simulate.summary import collect
+
+    label = "governed" if governed else "governor off"
+    with scratch_database(server_url, keep=keep) as dsn:
+        engine = Engine(dsn, config, governed=governed, progress=progress)
+        stats = engine.run()
+        summary = collect(dsn, config, label=label, stats=stats)
+    return RunOutcome(label, governed, stats, summary, kept_url=dsn if keep else None)

@@ -1,0 +1,2 @@
+"""Operating gov: ``health`` (`gov check`), ``maintenance`` (`gov prune`, conservation)
+and ``metrics`` (Prometheus)."""
