@@ -1,4 +1,7 @@
--- Named statements for telemetry, reports, health checks and what-if (issue 5).
+-- Named statements for analysts: telemetry events, the fatigue report, revocation
+-- suspects, the what-if replay, and the analyst role.
+-- Format (gov/queries.py): one statement per "-- name: <name>" block; values are always
+-- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
 
 -- name: record_event
 SELECT gov.record_event_v1(%(user_id)s, %(message_id)s, %(event)s, %(subscription_id)s, %(at)s);
@@ -12,9 +15,6 @@ SELECT bucket, subscribers, accepted, displays, clicks, closes, unsubscribes,
 -- name: revocation_suspects
 SELECT user_id, accepted, first_accepted_at, last_accepted_at, last_display_at, live_subscriptions
   FROM gov.revocation_suspects_v1(%(since)s, %(min_accepted)s, %(now)s);
-
--- name: health
-SELECT check_name, ok, detail FROM gov.health_v1(%(now)s, %(stuck_after)s);
 
 -- name: whatif_summary
 -- One replay (gov.whatif_v1), summarised per tier, topic, campaign and replayed reason.
@@ -54,20 +54,3 @@ GRANT SELECT ON gov.push_suppressions, gov.push_events, gov.messages, gov.sends,
 -- name: grant_analyst_subscription_columns
 -- endpoint is a capability URL and p256dh/auth are keys: never granted.
 GRANT SELECT (id, user_id, created_at, retired_at, retired_reason) ON gov.subscriptions TO {role};
-
--- name: ping
-SELECT 1;
-
--- name: user_topic_optouts
-SELECT topic FROM gov.user_topic_optouts WHERE user_id = %(user_id)s ORDER BY topic;
-
--- name: clear_user_topic_optouts
-DELETE FROM gov.user_topic_optouts WHERE user_id = %(user_id)s;
-
--- name: add_user_topic_optout
-INSERT INTO gov.user_topic_optouts (user_id, topic) VALUES (%(user_id)s, %(topic)s)
-ON CONFLICT (user_id, topic) DO NOTHING;
-
--- name: metrics
--- Everything /metrics reads from the database, in one call (gov.metrics_v1).
-SELECT metric, labels, value FROM gov.metrics_v1(%(window_ms)s);

@@ -1,13 +1,17 @@
--- Named statements for campaigns, pruning and the conservation check.
+-- Named statements for running gov: health checks and liveness, /metrics, pruning,
+-- and the conservation check.
+-- Format (gov/queries.py): one statement per "-- name: <name>" block; values are always
+-- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
 
--- name: decide_many
-SELECT user_id, allowed, action, reason, used, cap, retry_after_ms, repeated
-  FROM gov.decide_many_v1(%(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s, %(now)s);
+-- name: health
+SELECT check_name, ok, detail FROM gov.health_v1(%(now)s, %(stuck_after)s);
 
--- name: send_many
-SELECT user_id, allowed, action, reason, repeated, outbox_ids
-  FROM gov.send_many_v1(%(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
-                        %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);
+-- name: ping
+SELECT 1;
+
+-- name: metrics
+-- Everything /metrics reads from the database, in one call (gov.metrics_v1).
+SELECT metric, labels, value FROM gov.metrics_v1(%(window_ms)s);
 
 -- name: prune_sends
 SELECT gov.prune_sends_v1(%(batch)s, %(margin)s, %(now)s);

@@ -1,60 +1,13 @@
--- gov: analytics (issue 5). Telemetry (gov.push_events) and the fatigue report that
--- reads it, the analysts' views, the health checks behind `gov check`, the what-if
--- replay behind `gov policy whatif`, and users' topic opt-outs.
---
+-- gov: analytics. Telemetry (gov.push_events) and the fatigue report that reads it,
+-- revocation suspects, the analysts' views, and the what-if replay behind
+-- `gov policy whatif`.
+
 -- Nothing here is on the decision's path. The one hook into the send path is a trigger
 -- on gov.delivery_attempts that copies accepted attempts into the telemetry.
 --
 -- Stable surface for analysts: gov.push_events, gov.fatigue_report_v1,
 -- gov.revocation_suspects(_v1), gov.campaign_shortfall, gov.suppressions_daily
 -- (docs/analysts.md). Errors raised on purpose use SQLSTATE GV003 (an event refused).
-
--- ---------------------------------------------------------------- tables
-
--- Event-grained telemetry. 'accepted' is written by the trigger below when the runner
--- records an accepted attempt (one per message and endpoint); display, click, close and
--- unsubscribe arrive from the service worker (POST /events, gov.events.record_event).
--- One row per (user, message, subscription, event): a beacon sent twice, or a message
--- a push service accepted twice (delivery is at least once), is recorded once.
-CREATE TABLE gov.push_events (
-    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    user_id         text        NOT NULL,
-    message_id      text        NOT NULL,
-    subscription_id bigint,
-    event           text        NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    -- an event belongs to a decided message: an unknown id is refused, never guessed at
-    CONSTRAINT push_events_message_known FOREIGN KEY (user_id, message_id)
-        REFERENCES gov.messages (user_id, message_id) ON DELETE CASCADE,
-    CONSTRAINT push_events_subscription_known FOREIGN KEY (subscription_id)
-        REFERENCES gov.subscriptions (id) ON DELETE CASCADE,
-    CONSTRAINT push_events_event_known
-        CHECK (event IN ('accepted', 'display', 'click', 'close', 'unsubscribe')),
-    -- NULLS NOT DISTINCT: a beacon that names no subscription is recorded once too
-    CONSTRAINT push_events_once UNIQUE NULLS NOT DISTINCT (user_id, message_id, subscription_id, event)
-);
--- a user's history in time order (revocation suspects), and one event kind over a
--- window (the fatigue report starts from the window's accepted events)
-CREATE INDEX push_events_user_time ON gov.push_events (user_id, created_at);
-CREATE INDEX push_events_event_time ON gov.push_events (event, created_at);
-
--- Topics a user opted out of, from their preference centre (PUT /users/{id}/preferences).
--- Stored here for the decision to honour; see docs/analysts.md for its status.
-CREATE TABLE gov.user_topic_optouts (
-    user_id    text        NOT NULL,
-    topic      text        NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    PRIMARY KEY (user_id, topic),
-    CONSTRAINT user_topic_optouts_topic_not_empty CHECK (topic <> '')
-);
-
--- ---------------------------------------------------------------- indexes for gov check
-
--- gov check runs from cron against tables that grow with every send: its checks read
--- these small partial indexes, not the tables. Both stay empty while all is well, and
--- cost the decision and delivery paths nothing but a predicate test.
-CREATE INDEX push_suppressions_p0 ON gov.push_suppressions (created_at) WHERE tier = 'P0';
-CREATE INDEX delivery_attempts_auth_refused ON gov.delivery_attempts (attempted_at) WHERE status IN (401, 403);
 
 -- ---------------------------------------------------------------- telemetry
 
@@ -342,109 +295,14 @@ SELECT (ps.created_at AT TIME ZONE 'UTC')::date AS day, ps.tier,
   FROM gov.push_suppressions ps
  GROUP BY (ps.created_at AT TIME ZONE 'UTC')::date, ps.tier;
 
--- ---------------------------------------------------------------- health (gov check)
-
--- One row per named check: ok, and a one-line detail an operator can act on. `gov
--- check` exits 1 when any row is not ok. Each check is one RETURN QUERY, in the order
--- they are reported; add a check as one more.
-CREATE FUNCTION gov.health_v1(
-    p_now         timestamptz DEFAULT NULL,
-    p_stuck_after interval    DEFAULT '15 minutes'
-) RETURNS TABLE (check_name text, ok boolean, detail text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-BEGIN
-    -- p0_suppressions: an exempt tier is never checked (invariant 4), so any suppression
-    -- of one, ever, means a misclassified message or a broken policy.
-    -- P0 through its partial index; another exempt tier (none by default) through a join
-    -- from gov.tiers, which reads no suppression at all when there is none.
-    RETURN QUERY
-    SELECT 'p0_suppressions'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN 'no suppression of an exempt tier'
-                ELSE format('%s suppression(s) of exempt tier(s) %s, latest message %s of user %s at %s',
-                            count(*), string_agg(DISTINCT x.tier, ', '),
-                            (array_agg(x.message_id ORDER BY x.created_at DESC, x.id DESC))[1],
-                            (array_agg(x.user_id ORDER BY x.created_at DESC, x.id DESC))[1],
-                            max(x.created_at))
-           END
-      FROM (SELECT ps.id, ps.user_id, ps.message_id, ps.tier, ps.created_at
-              FROM gov.push_suppressions ps
-             WHERE ps.tier = 'P0'
-            UNION ALL
-            SELECT ps.id, ps.user_id, ps.message_id, ps.tier, ps.created_at
-              FROM gov.tiers t JOIN gov.push_suppressions ps ON ps.tier = t.tier
-             WHERE t.exempt AND t.tier <> 'P0') x;
-
-    -- outbox_stuck: a lease that ran out long ago and was never reclaimed means no
-    -- runner (gov dispatch) is draining the outbox.
-    RETURN QUERY
-    SELECT 'outbox_stuck'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN format('no lease expired more than %s ago', p_stuck_after)
-                ELSE format('%s outbox row(s) stuck in sending, oldest lease ran out at %s (row %s): is gov dispatch running?',
-                            count(*), min(o.lease_until),
-                            (array_agg(o.id ORDER BY o.lease_until, o.id))[1])
-           END
-      FROM gov.outbox o
-     WHERE o.state = 'sending' AND o.lease_until < v_now - p_stuck_after;
-
-    -- push_auth: a push service answering 401/403 in the last hour refuses our VAPID
-    -- key or subject: every message to that origin fails until someone fixes it.
-    RETURN QUERY
-    SELECT 'push_auth'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN 'no 401/403 from a push service in the last hour'
-                ELSE format('%s attempt(s) answered 401/403 in the last hour by %s: check the VAPID key and subject',
-                            count(*), string_agg(DISTINCT da.origin, ', '))
-           END
-      FROM gov.delivery_attempts da
-     WHERE da.status IN (401, 403)
-       AND da.attempted_at > v_now - interval '1 hour' AND da.attempted_at <= v_now;
-
-    -- deferred_overdue: held messages whose release time passed long ago mean no
-    -- releaser (gov release, bin/gov-release from cron) is running.
-    RETURN QUERY
-    SELECT 'deferred_overdue'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN format('no held message overdue by more than %s', p_stuck_after)
-                ELSE format('%s held message(s) overdue, oldest due at %s (user %s, message %s): is gov release running?',
-                            count(*), min(d.release_at),
-                            (array_agg(d.user_id ORDER BY d.release_at, d.id))[1],
-                            (array_agg(d.message_id ORDER BY d.release_at, d.id))[1])
-           END
-      FROM gov.deferred d
-     WHERE d.state = 'waiting' AND d.release_at < v_now - p_stuck_after;
-
-    -- held_failed: the releaser failed on a held message (a tier the policy no longer
-    -- defines, content that no longer fits, …) in the last 24 hours: it will never be
-    -- sent, and someone should know why.
-    RETURN QUERY
-    SELECT 'held_failed'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN 'no held message failed in the last 24 hours'
-                ELSE format('%s held message(s) failed in the last 24 hours, latest message %s of user %s: %s',
-                            count(*),
-                            (array_agg(d.message_id ORDER BY d.finished_at DESC, d.id DESC))[1],
-                            (array_agg(d.user_id ORDER BY d.finished_at DESC, d.id DESC))[1],
-                            (array_agg(d.error ORDER BY d.finished_at DESC, d.id DESC))[1])
-           END
-      FROM gov.deferred d
-     WHERE d.state = 'failed' AND d.finished_at > v_now - interval '24 hours';
-
-    -- outbox_failed: a delivery that ended failed in the last 24 hours (the push service
-    -- refused the request, 400/413; attempts ran out; the payload could not be built;
-    -- the endpoint may not be reached; its tier was removed): the row kept its reason.
-    RETURN QUERY
-    SELECT 'outbox_failed'::text, count(*) = 0,
-           CASE WHEN count(*) = 0 THEN 'no delivery failed in the last 24 hours'
-                ELSE format('%s delivery(ies) failed in the last 24 hours, latest message %s of user %s: %s',
-                            count(*),
-                            (array_agg(o.message_id ORDER BY o.finished_at DESC, o.id DESC))[1],
-                            (array_agg(o.user_id ORDER BY o.finished_at DESC, o.id DESC))[1],
-                            (array_agg(coalesce(o.last_error, 'status ' || o.last_status, 'no reason kept')
-                                       ORDER BY o.finished_at DESC, o.id DESC))[1])
-           END
-      FROM gov.outbox o
-     WHERE o.state = 'failed' AND o.finished_at > v_now - interval '24 hours' AND o.finished_at <= v_now;
-END;
-$$;
+-- Deferral outcomes for analysts: per day held, tier, kind and state (with the reason).
+CREATE VIEW gov.deferral_outcomes AS
+SELECT date_trunc('day', d.enqueued_at AT TIME ZONE 'UTC')::date AS day,
+       d.tier, d.kind, d.state, coalesce(d.outcome, 'waiting') AS outcome,
+       count(*) AS messages,
+       avg(extract(epoch FROM d.finished_at - d.enqueued_at))::numeric(12, 1) AS avg_wait_s
+  FROM gov.deferred d
+ GROUP BY 1, 2, 3, 4, 5;
 
 -- ---------------------------------------------------------------- what if (gov policy whatif)
 

@@ -1,0 +1,21 @@
+-- Named statements of the decision and the send, one user or a campaign's many.
+-- Format (gov/queries.py): one statement per "-- name: <name>" block; values are always
+-- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
+
+-- name: decide
+SELECT allowed, action, reason, used, cap, retry_after_ms, repeated
+  FROM gov.decide_v1(%(user_id)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s, %(now)s);
+
+-- name: send
+SELECT allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
+  FROM gov.send_v1(%(user_id)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+                   %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);
+
+-- name: decide_many
+SELECT user_id, allowed, action, reason, used, cap, retry_after_ms, repeated
+  FROM gov.decide_many_v1(%(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s, %(now)s);
+
+-- name: send_many
+SELECT user_id, allowed, action, reason, repeated, outbox_ids
+  FROM gov.send_many_v1(%(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+                        %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);

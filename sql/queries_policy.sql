@@ -1,0 +1,54 @@
+-- Named statements of the policy: reading, storing and auditing it (gov policy apply),
+-- and ending what removed tiers still hold.
+-- Format (gov/queries.py): one statement per "-- name: <name>" block; values are always
+-- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
+
+-- name: lock_policy
+-- Serialises policy applies; decisions never take this lock.
+SELECT pg_advisory_xact_lock(hashtextextended('gov.policy', 0));
+
+-- name: policy_tiers
+SELECT tier, exempt, on_exceed, defer_max_ms, default_ttl_s, urgency
+  FROM gov.tiers ORDER BY tier;
+
+-- name: policy_consumes
+SELECT tier, consumes FROM gov.tier_consumes ORDER BY tier, consumes;
+
+-- name: policy_caps
+SELECT scope, topic, window_ms, cap FROM gov.caps ORDER BY scope, topic, window_ms;
+
+-- name: policy_settings
+SELECT quiet_start, quiet_end, jitter_ms FROM gov.settings;
+
+-- name: clear_caps
+DELETE FROM gov.caps;
+
+-- name: clear_consumes
+DELETE FROM gov.tier_consumes;
+
+-- name: clear_tiers
+DELETE FROM gov.tiers;
+
+-- name: insert_tier
+INSERT INTO gov.tiers (tier, exempt, on_exceed, defer_max_ms, default_ttl_s, urgency)
+VALUES (%(tier)s, %(exempt)s, %(on_exceed)s, %(defer_max_ms)s, %(default_ttl_s)s, %(urgency)s);
+
+-- name: insert_consumes
+INSERT INTO gov.tier_consumes (tier, consumes) VALUES (%(tier)s, %(consumes)s);
+
+-- name: insert_cap
+INSERT INTO gov.caps (scope, topic, window_ms, cap)
+VALUES (%(scope)s, %(topic)s, %(window_ms)s, %(cap)s);
+
+-- name: upsert_settings
+INSERT INTO gov.settings (id, quiet_start, quiet_end, jitter_ms)
+VALUES (true, %(quiet_start)s, %(quiet_end)s, %(jitter_ms)s)
+ON CONFLICT (id) DO UPDATE
+   SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end,
+       jitter_ms = excluded.jitter_ms;
+
+-- name: record_policy_version
+INSERT INTO gov.policy_versions (source) VALUES (%(source)s);
+
+-- name: retire_tiers
+SELECT tier, held, queued FROM gov.retire_tiers_v1(%(tiers)s, %(drop)s);

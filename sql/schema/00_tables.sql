@@ -1,0 +1,332 @@
+-- gov: every table of the schema, with its indexes: policy, users, decisions, the deferral
+-- queue, delivery and telemetry. Functions, triggers and views follow in the later files,
+-- one concern each; this file comes first because they need the tables to exist.
+
+-- The canonical schema is every file of sql/schema/ applied in name order. Migrations in
+-- sql/migrations/ must produce exactly that
+-- (tests/migration/test_migrations.py compares the catalogs).
+--
+-- Naming: p_ parameters, v_ locals, r_ loop records. Stable surface for users and
+-- analysts: gov.decide_v1, gov.push_suppressions, the views. Everything else is internal.
+
+CREATE SCHEMA IF NOT EXISTS gov;
+
+-- ---------------------------------------------------------------- policy
+
+-- One row per priority tier. P0 (exempt) is never checked nor recorded.
+CREATE TABLE gov.tiers (
+    tier          text    PRIMARY KEY,
+    exempt        boolean NOT NULL DEFAULT false,
+    on_exceed     text,
+    defer_max_ms  bigint,
+    default_ttl_s integer NOT NULL DEFAULT 86400,
+    urgency       text    NOT NULL DEFAULT 'normal',
+    CONSTRAINT tiers_name_form CHECK (tier ~ '^P[0-9]$'),
+    CONSTRAINT tiers_verb_known CHECK (on_exceed IN ('drop', 'defer', 'collapse')),
+    -- an exempt tier has no verb: it can never be suppressed
+    CONSTRAINT tiers_exempt_has_no_verb CHECK (exempt = (on_exceed IS NULL)),
+    CONSTRAINT tiers_defer_max_positive CHECK (defer_max_ms IS NULL OR defer_max_ms > 0),
+    -- 2419200 s = 28 days: mirrors gov.message.MAX_TTL_S
+    CONSTRAINT tiers_ttl_range CHECK (default_ttl_s BETWEEN 0 AND 2419200),
+    CONSTRAINT tiers_urgency_known CHECK (urgency IN ('very-low', 'low', 'normal', 'high')),
+    -- high wakes sleeping devices: transactional only (WEBPUSH.md rule 2)
+    CONSTRAINT tiers_high_urgency_exempt_only CHECK (urgency <> 'high' OR exempt)
+);
+
+-- The cascade: a send in `tier` also spends the budget of `consumes`.
+CREATE TABLE gov.tier_consumes (
+    tier     text NOT NULL REFERENCES gov.tiers ON DELETE CASCADE,
+    consumes text NOT NULL REFERENCES gov.tiers ON DELETE CASCADE,
+    PRIMARY KEY (tier, consumes)
+);
+
+-- Caps, one row per rolling window. scope: a tier name, 'global', or 'topic'
+-- (topic caps; `topic` = '*' applies to every topic that has no rows of its own).
+CREATE TABLE gov.caps (
+    scope     text    NOT NULL,
+    topic     text    NOT NULL DEFAULT '',
+    window_ms bigint  NOT NULL,
+    cap       integer NOT NULL,
+    PRIMARY KEY (scope, topic, window_ms),
+    CONSTRAINT caps_scope_form CHECK (scope ~ '^P[0-9]$' OR scope IN ('global', 'topic')),
+    CONSTRAINT caps_topic_only_for_topic_scope CHECK ((scope = 'topic') = (topic <> '')),
+    CONSTRAINT caps_window_positive CHECK (window_ms > 0),
+    CONSTRAINT caps_cap_not_negative CHECK (cap >= 0)
+);
+
+-- Policy-wide settings (one row).
+CREATE TABLE gov.settings (
+    id            boolean PRIMARY KEY DEFAULT true,
+    quiet_start   time,
+    quiet_end     time,
+    jitter_ms     bigint  NOT NULL DEFAULT 0,
+    -- set by gov.prune_sends_v1: send rows from before this may have been deleted
+    pruned_before timestamptz,
+    CONSTRAINT settings_single_row CHECK (id),
+    CONSTRAINT settings_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL)),
+    CONSTRAINT settings_jitter_not_negative CHECK (jitter_ms >= 0)
+);
+
+-- Every applied policy, as the TOML text that was applied: the audit trail.
+CREATE TABLE gov.policy_versions (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source     text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- ---------------------------------------------------------------- users
+
+CREATE TABLE gov.users (
+    user_id     text        PRIMARY KEY,
+    time_zone   text,
+    quiet_start time,
+    quiet_end   time,
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT users_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL))
+);
+
+-- A user's own caps. They may only lower the default (trigger in 10_policy.sql): a user who
+-- finds two a day too many gets a dial that is not the browser's Block button.
+CREATE TABLE gov.user_caps (
+    user_id   text    NOT NULL,
+    scope     text    NOT NULL,
+    window_ms bigint  NOT NULL,
+    cap       integer NOT NULL,
+    PRIMARY KEY (user_id, scope, window_ms),
+    CONSTRAINT user_caps_scope_form CHECK (scope ~ '^P[0-9]$' OR scope IN ('global', 'topic')),
+    CONSTRAINT user_caps_cap_not_negative CHECK (cap >= 0)
+);
+
+-- Topics a user opted out of, from their preference centre (PUT /users/{id}/preferences).
+-- Stored here for the decision to honour; see docs/analysts.md for its status.
+CREATE TABLE gov.user_topic_optouts (
+    user_id    text        NOT NULL,
+    topic      text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (user_id, topic),
+    CONSTRAINT user_topic_optouts_topic_not_empty CHECK (topic <> '')
+);
+
+-- ---------------------------------------------------------------- decisions
+
+-- One row per (user, message) ever decided: the idempotency key and the verdict a
+-- repeat returns.
+CREATE TABLE gov.messages (
+    user_id        text        NOT NULL,
+    message_id     text        NOT NULL,
+    tier           text        NOT NULL,
+    topic          text,
+    campaign_id    text,
+    allowed        boolean     NOT NULL,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    decided_at     timestamptz NOT NULL,
+    PRIMARY KEY (user_id, message_id),
+    CONSTRAINT messages_verdict_shape CHECK (allowed = (action IS NULL AND reason IS NULL))
+);
+
+-- One row per spent budget: budget is a tier name, 'global', or 'topic:<topic>'.
+-- The primary key leads (user_id, budget, sent_at), so every window count is a range
+-- scan on it whatever the history (PERFORMANCE.md: the index hazard).
+CREATE TABLE gov.sends (
+    user_id    text        NOT NULL,
+    budget     text        NOT NULL,
+    sent_at    timestamptz NOT NULL,
+    message_id text        NOT NULL,
+    PRIMARY KEY (user_id, budget, sent_at, message_id)
+);
+
+-- The seed's suppression log, plus the tier whose window blocked (reason names only
+-- the window) and the count in it.
+CREATE TABLE gov.push_suppressions (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id        text        NOT NULL,
+    message_id     text        NOT NULL,
+    tier           varchar(4)  NOT NULL,
+    blocked_by     text        NOT NULL,
+    action         varchar(10) NOT NULL,
+    campaign_id    text,
+    topic          text,
+    blocked_scope  text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT push_suppressions_action_known CHECK (action IN ('drop', 'defer', 'collapse'))
+);
+CREATE INDEX idx_suppressions_campaign ON gov.push_suppressions (campaign_id, blocked_by);
+CREATE INDEX idx_suppressions_user_time ON gov.push_suppressions (user_id, created_at DESC);
+
+-- ---------------------------------------------------------------- the deferral queue
+
+-- A suppressed message that still has value waits here: deferred by its tier's verb
+-- (kind 'defer'), held by quiet hours ('quiet'), or held to be collapsed into one
+-- summary per collapse key ('collapse'). Every outcome stays as a row for analysts.
+CREATE TABLE gov.deferred (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id       text        NOT NULL,
+    message_id    text        NOT NULL,
+    tier          text        NOT NULL,
+    kind          text        NOT NULL,
+    collapse_key  text,
+    blocked_by    text        NOT NULL,
+    enqueued_at   timestamptz NOT NULL,
+    planned_at    timestamptz NOT NULL,
+    release_at    timestamptz NOT NULL,
+    give_up_at    timestamptz,
+    state         text        NOT NULL DEFAULT 'waiting',
+    outcome       text,
+    collapsed_into text,
+    finished_at   timestamptz,
+    stands_for    integer     NOT NULL DEFAULT 1,
+    error         text,
+    CONSTRAINT deferred_kind_known CHECK (kind IN ('defer', 'quiet', 'collapse')),
+    CONSTRAINT deferred_state_known
+        CHECK (state IN ('waiting', 'released', 'expired', 'collapsed', 'dropped', 'failed')),
+    CONSTRAINT deferred_collapse_has_key CHECK (kind <> 'collapse' OR collapse_key IS NOT NULL),
+    CONSTRAINT deferred_finished_when_done CHECK ((state = 'waiting') = (finished_at IS NULL)),
+    CONSTRAINT deferred_one_row_per_message UNIQUE (user_id, message_id),
+    -- a carrier stands for itself and every message collapsed into it
+    CONSTRAINT deferred_stands_for_positive CHECK (stands_for >= 1),
+    -- a failed row says why (an operator reads it; gov check alarms on it)
+    CONSTRAINT deferred_failed_says_why CHECK ((state = 'failed') = (error IS NOT NULL))
+);
+-- the releaser scans only what still waits, in release order
+CREATE INDEX deferred_due ON gov.deferred (release_at) WHERE state = 'waiting';
+-- a collapse group (user, key) has one waiting row, its carrier: the newest member
+-- (older members are collapsed into it as soon as it arrives)
+CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
+    WHERE state = 'waiting' AND kind = 'collapse';
+
+-- ---------------------------------------------------------------- delivery
+
+-- A user's push endpoints. Budgets belong to the user, not to these rows (invariant 5):
+-- subscribing again never resets anything. A retired endpoint is kept, with when and why.
+CREATE TABLE gov.subscriptions (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id        text        NOT NULL,
+    endpoint       text        NOT NULL,
+    p256dh         text        NOT NULL,
+    auth           text        NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+    retired_at     timestamptz,
+    retired_reason text,
+    CONSTRAINT subscriptions_retired_with_reason CHECK ((retired_at IS NULL) = (retired_reason IS NULL))
+);
+-- one live row per endpoint: a browser that resubscribes the same endpoint updates it
+CREATE UNIQUE INDEX subscriptions_live_endpoint ON gov.subscriptions (endpoint) WHERE retired_at IS NULL;
+CREATE INDEX subscriptions_user ON gov.subscriptions (user_id) WHERE retired_at IS NULL;
+
+-- What a message says, kept for delivery now or at release later.
+CREATE TABLE gov.message_content (
+    user_id      text        NOT NULL,
+    message_id   text        NOT NULL,
+    content      jsonb       NOT NULL,
+    collapse_key text,
+    ttl_s        integer     NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (user_id, message_id),
+    -- 2419200 s = 28 days: mirrors gov.message.MAX_TTL_S
+    CONSTRAINT message_content_ttl_range CHECK (ttl_s BETWEEN 0 AND 2419200)
+);
+
+-- One row per (message, live endpoint), written in the decision's transaction.
+-- Claimed with a committed lease (no transaction held across the HTTP call): a dead
+-- worker's row is reclaimed when its lease runs out, so delivery is at least once.
+-- claim_token is the fencing token: every claim increments it, and an outcome is
+-- recorded only with the token of the claim that still holds the row (invariant 12).
+CREATE TABLE gov.outbox (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id         text        NOT NULL,
+    message_id      text        NOT NULL,
+    subscription_id bigint      NOT NULL REFERENCES gov.subscriptions,
+    state           text        NOT NULL DEFAULT 'pending',
+    attempts        integer     NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL,
+    lease_until     timestamptz,
+    leased_by       text,
+    last_status     integer,
+    last_error      text,
+    created_at      timestamptz NOT NULL,
+    finished_at     timestamptz,
+    claim_token     bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT outbox_state_known CHECK (state IN ('pending', 'sending', 'delivered', 'failed', 'gone', 'expired')),
+    CONSTRAINT outbox_lease_while_sending CHECK ((state = 'sending') = (lease_until IS NOT NULL)),
+    CONSTRAINT outbox_one_row_per_endpoint UNIQUE (user_id, message_id, subscription_id)
+);
+-- the runner's claim scans only rows still to do
+CREATE INDEX outbox_due ON gov.outbox (next_attempt_at) WHERE state IN ('pending', 'sending');
+-- a 404/410 ends the endpoint's other rows still to do at once
+CREATE INDEX outbox_subscription_todo ON gov.outbox (subscription_id) WHERE state IN ('pending', 'sending');
+
+-- Every attempt's outcome, for operators and analysts.
+CREATE TABLE gov.delivery_attempts (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    outbox_id       bigint      NOT NULL REFERENCES gov.outbox ON DELETE CASCADE,
+    user_id         text        NOT NULL,
+    message_id      text        NOT NULL,
+    subscription_id bigint      NOT NULL,
+    origin          text        NOT NULL,
+    worker          text        NOT NULL,
+    outcome         text        NOT NULL,
+    status          integer,
+    retry_after_ms  bigint,
+    error           text,
+    attempted_at    timestamptz NOT NULL,
+    CONSTRAINT delivery_attempts_outcome_known
+        CHECK (outcome IN ('accepted', 'gone', 'throttled', 'transient', 'rejected', 'unauthorized', 'expired'))
+);
+CREATE INDEX delivery_attempts_outbox ON gov.delivery_attempts (outbox_id);
+CREATE INDEX delivery_attempts_origin_time ON gov.delivery_attempts (origin, attempted_at DESC);
+
+-- ---------------------------------------------------------------- telemetry
+
+-- Event-grained telemetry. 'accepted' is written by a trigger (50_analytics.sql) when the runner
+-- records an accepted attempt (one per message and endpoint); display, click, close and
+-- unsubscribe arrive from the service worker (POST /events, gov.events.record_event).
+-- One row per (user, message, subscription, event): a beacon sent twice, or a message
+-- a push service accepted twice (delivery is at least once), is recorded once.
+CREATE TABLE gov.push_events (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id         text        NOT NULL,
+    message_id      text        NOT NULL,
+    subscription_id bigint,
+    event           text        NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- an event belongs to a decided message: an unknown id is refused, never guessed at
+    CONSTRAINT push_events_message_known FOREIGN KEY (user_id, message_id)
+        REFERENCES gov.messages (user_id, message_id) ON DELETE CASCADE,
+    CONSTRAINT push_events_subscription_known FOREIGN KEY (subscription_id)
+        REFERENCES gov.subscriptions (id) ON DELETE CASCADE,
+    CONSTRAINT push_events_event_known
+        CHECK (event IN ('accepted', 'display', 'click', 'close', 'unsubscribe')),
+    -- NULLS NOT DISTINCT: a beacon that names no subscription is recorded once too
+    CONSTRAINT push_events_once UNIQUE NULLS NOT DISTINCT (user_id, message_id, subscription_id, event)
+);
+-- a user's history in time order (revocation suspects), and one event kind over a
+-- window (the fatigue report starts from the window's accepted events)
+CREATE INDEX push_events_user_time ON gov.push_events (user_id, created_at);
+CREATE INDEX push_events_event_time ON gov.push_events (event, created_at);
+
+-- ---------------------------------------------------------------- indexes for gov check (gov.health_v1)
+
+-- gov check runs from cron against tables that grow with every send: its checks read
+-- these small partial indexes, not the tables. Both stay empty while all is well, and
+-- cost the decision and delivery paths nothing but a predicate test.
+CREATE INDEX push_suppressions_p0 ON gov.push_suppressions (created_at) WHERE tier = 'P0';
+CREATE INDEX delivery_attempts_auth_refused ON gov.delivery_attempts (attempted_at) WHERE status IN (401, 403);
+
+-- ---------------------------------------------------------------- indexes for /metrics (gov.metrics_v1)
+
+-- Recent-window counts for the Prometheus collector of `gov serve` (/metrics): BRIN
+-- indexes on the time columns. The tables are appended in time order (the database's
+-- clock stamps each row), so a block-range index finds the last day's pages while
+-- costing the write path almost nothing (a btree would add a page to every decision).
+-- Ranges not yet summarized (the newest pages) are always read, which is exactly the
+-- recent data a window count wants.
+CREATE INDEX messages_decided_brin ON gov.messages USING brin (decided_at);
+CREATE INDEX push_suppressions_created_brin ON gov.push_suppressions USING brin (created_at);
+CREATE INDEX delivery_attempts_attempted_brin ON gov.delivery_attempts USING brin (attempted_at);

@@ -1,0 +1,300 @@
+-- gov: a suppressed message that still has value is held in gov.deferred (its tier's
+-- defer, quiet hours, or a collapse group), then released: gov.release_due_v1 decides each
+-- due row again through gov.decide_core and sends, holds again, or ends it.
+
+-- ---------------------------------------------------------------- holding
+
+-- A bounded jitter, so held messages do not fire together; derived from the message
+-- (not random()) so a simulation with a seed replays exactly.
+CREATE FUNCTION gov.release_jitter(p_user_id text, p_message_id text) RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT (abs(hashtextextended(p_user_id || E'\x1f' || p_message_id, 7)) % greatest(s.jitter_ms, 1))
+           * interval '1 millisecond'
+      FROM gov.settings s
+     WHERE s.jitter_ms > 0
+    UNION ALL
+    SELECT interval '0'
+     LIMIT 1
+$$;
+
+-- Put a suppressed message in the queue (or refuse to, with the reason), from the
+-- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
+-- when held, ('drop', reason, NULL) when it cannot be held.
+--
+-- What holds it: a tier whose verb is collapse collapses whatever blocked it (quiet
+-- hours too), a message without a collapse key joining its user's keyless group of
+-- that tier (key ''); quiet hours hold any other tier's message; else the tier's verb.
+-- A collapse group (user, key) is kept alive by its newest member: the newcomer
+-- becomes the group's one waiting row (its carrier, standing for every member), the
+-- old carrier and all it stood for are collapsed into it at once, and the group waits
+-- for the slot the newcomer's decision names. A newcomer whose own deadline passes
+-- before that slot expires alone; the group keeps its carrier.
+CREATE FUNCTION gov.hold(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_action       text,
+    p_reason       text,
+    p_retry_ms     bigint,
+    p_expires_at   timestamptz,
+    p_now          timestamptz,
+    OUT o_action   text,
+    OUT o_reason   text,
+    OUT o_release  timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind    text;
+    v_key     text := p_collapse_key;
+    v_tier    gov.tiers%ROWTYPE;
+    v_planned timestamptz;
+    v_give_up timestamptz;
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
+        o_action := 'drop';  -- the verb drops, or no slot ever frees (a cap of 0)
+        o_reason := p_reason;
+        RETURN;
+    END IF;
+    IF v_tier.on_exceed = 'collapse' THEN
+        v_kind := 'collapse';
+        v_key := coalesce(p_collapse_key, '');
+    ELSIF p_reason = 'quiet_hours' THEN
+        v_kind := 'quiet';
+    ELSE
+        v_kind := 'defer';
+    END IF;
+
+    -- The earliest moment that clears the blocking window and the user's quiet hours.
+    v_planned := gov.quiet_until(p_user_id, p_now + p_retry_ms * interval '1 millisecond');
+    IF v_kind = 'defer' THEN
+        -- the policy stores defer_max for every defer tier; the code holds no caps of its own
+        v_give_up := p_now + v_tier.defer_max_ms * interval '1 millisecond';
+        IF v_planned > v_give_up THEN
+            o_action := 'drop';
+            o_reason := 'defer_expired';
+        END IF;
+    END IF;
+    IF o_reason IS NULL AND v_planned >= p_expires_at THEN
+        o_action := 'drop';  -- it would be dead on arrival
+        o_reason := 'ttl_expired';
+    END IF;
+    IF o_reason IS NOT NULL THEN
+        INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                                  planned_at, release_at, give_up_at, state, outcome, finished_at)
+        VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+                v_planned, v_planned, v_give_up, 'expired', o_reason, p_now);
+        RETURN;
+    END IF;
+
+    o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
+    o_reason := p_reason;
+    -- jitter from the group (not the member), so a group's release time is stable
+    o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
+                                                                THEN '#collapse:' || v_key ELSE p_message_id END);
+    IF v_kind = 'collapse' THEN
+        SELECT * INTO v_carrier FROM gov.deferred d
+         WHERE d.user_id = p_user_id AND d.collapse_key = v_key AND d.kind = 'collapse' AND d.state = 'waiting'
+           FOR UPDATE;
+        IF FOUND THEN
+            -- the newcomer carries the group: the old carrier and everything it stood for
+            -- are collapsed into the newcomer now (first, so one carrier waits at a time)
+            UPDATE gov.deferred d SET collapsed_into = p_message_id
+             WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = v_carrier.message_id;
+            UPDATE gov.deferred d
+               SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+             WHERE d.id = v_carrier.id;
+        END IF;
+    END IF;
+    INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                              planned_at, release_at, give_up_at, stands_for)
+    VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1);
+END;
+$$;
+
+-- A collapse tier's message that is allowed while a group of its key waits carries
+-- that group: it goes out as the summary (its own, newest, content with data.count),
+-- and the waiting carrier and everything it stood for are collapsed into it. Without
+-- this the newcomer would take the slot the group waits for, and the group, decided
+-- again after it, would wait a whole window more. Called by gov.send_v1 (the caller
+-- holds the user's lock; a releaser holding the carrier never waits for that lock).
+CREATE FUNCTION gov.absorb_group(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_now          timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT d.* INTO v_carrier
+      FROM gov.deferred d
+      JOIN gov.tiers t ON t.tier = p_tier AND t.on_exceed = 'collapse'
+     WHERE d.user_id = p_user_id AND d.collapse_key = coalesce(p_collapse_key, '') AND d.kind = 'collapse'
+       AND d.state = 'waiting'
+       FOR UPDATE OF d;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE gov.deferred d SET collapsed_into = p_message_id
+     WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = v_carrier.message_id;
+    UPDATE gov.deferred d
+       SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+     WHERE d.id = v_carrier.id;
+    UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', v_carrier.stands_for + 1)
+     WHERE c.user_id = p_user_id AND c.message_id = p_message_id;
+END;
+$$;
+
+-- ---------------------------------------------------------------- releasing
+
+-- Release what is due: take up to p_limit waiting rows whose time has come (SKIP
+-- LOCKED, so concurrent releasers never take one message twice) and decide each again
+-- now through the same decision (gov.release_one). Returns one row per row taken.
+--
+-- Locks: a releaser holds the rows it took and takes each user's decision lock with a
+-- try (pg_try_advisory_xact_lock), never a wait. A sender holds the user's lock and may
+-- then wait for a row a releaser holds (a newcomer to a collapse group), so a releaser
+-- that waited for a user lock could close a cycle; one that never waits cannot. A row
+-- whose user is busy is returned as 'busy' and left due for the next round.
+--
+-- Failure stays with its row: each row is handled in its own subtransaction; an error
+-- (a tier the policy no longer defines, content that no longer fits, anything raised)
+-- rolls back that row's work only, and the row ends 'failed' with the error text, with
+-- the messages a collapse carrier stood for. The rest of the batch goes on.
+CREATE FUNCTION gov.release_due_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    r_due     gov.deferred%ROWTYPE;
+    v_done    record;
+    v_error   text;
+    v_handled integer := 0;
+BEGIN
+    -- No LIMIT in the query: a busy row must not take the place of one that can go, so
+    -- the loop counts what it handled and stops at p_limit (rows are locked as fetched).
+    FOR r_due IN
+        SELECT d.*
+          FROM gov.deferred d
+         WHERE d.state = 'waiting' AND d.release_at <= v_now
+         ORDER BY d.release_at, d.id
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_handled >= p_limit;
+        IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
+            RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
+            CONTINUE;
+        END IF;
+        v_handled := v_handled + 1;
+        BEGIN
+            SELECT * INTO v_done FROM gov.release_one(r_due, v_now) r;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+            v_error := left(v_error, 1000);
+            UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = v_now
+             WHERE d.id = r_due.id;
+            UPDATE gov.deferred d
+               SET state = 'failed', outcome = 'failed', finished_at = v_now,
+                   error = format('collapsed into %s, which failed: %s', r_due.message_id, v_error)
+             WHERE d.user_id = r_due.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = r_due.message_id;
+            SELECT 'failed'::text AS o_state, 'failed'::text AS o_outcome, '{}'::bigint[] AS o_outbox_ids
+              INTO v_done;
+        END;
+        RETURN QUERY SELECT r_due.user_id, r_due.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
+    END LOOP;
+END;
+$$;
+
+-- One held row, decided again at p_now (the caller holds the row and the user's lock).
+-- Past the message's deadline → expired (ttl_expired), not sent. Allowed → outbox: a
+-- carrier that stands for several messages goes out as ONE summary, the newest
+-- content with data.count = how many it stands for (its tag and Topic are the key's).
+-- Still blocked → waits again for the new slot, unless the verb now drops it, or the
+-- wait passes defer_max (defer_expired) or the deadline (ttl_expired). A carrier that
+-- ends without being sent takes the messages it stood for with it, to the same state.
+CREATE FUNCTION gov.release_one(
+    p_row        gov.deferred,
+    p_now        timestamptz,
+    OUT o_state      text,
+    OUT o_outcome    text,
+    OUT o_outbox_ids bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_msg     gov.messages%ROWTYPE;
+    v_mc      gov.message_content%ROWTYPE;
+    v_verdict record;
+    v_next    timestamptz;
+BEGIN
+    o_outbox_ids := '{}';
+    SELECT * INTO v_msg FROM gov.messages m WHERE m.user_id = p_row.user_id AND m.message_id = p_row.message_id;
+    SELECT * INTO v_mc FROM gov.message_content c WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+    IF v_msg.user_id IS NULL OR v_mc.user_id IS NULL THEN
+        RAISE EXCEPTION 'held message % of user % has no decision or no content', p_row.message_id, p_row.user_id;
+    END IF;
+
+    IF v_mc.expires_at <= p_now THEN
+        o_state := 'expired';
+        o_outcome := 'ttl_expired';
+    ELSE
+        SELECT * INTO v_verdict
+          FROM gov.decide_core(p_row.user_id, p_row.message_id, v_msg.tier, v_msg.topic, v_msg.campaign_id,
+                               p_now, true) d;
+        IF v_verdict.allowed THEN
+            o_outbox_ids := gov.fan_out(p_row.user_id, p_row.message_id, p_now);
+            IF p_row.stands_for > 1 THEN
+                UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', p_row.stands_for)
+                 WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+                o_state := 'collapsed';
+                o_outcome := 'summary';
+            ELSE
+                o_state := 'released';
+                o_outcome := 'released';
+            END IF;
+            UPDATE gov.deferred d
+               SET state = o_state, outcome = o_outcome, finished_at = p_now,
+                   collapsed_into = CASE WHEN o_state = 'collapsed' THEN p_row.message_id END
+             WHERE d.id = p_row.id;
+            RETURN;
+        END IF;
+
+        IF v_verdict.action = 'drop' OR v_verdict.retry_after_ms IS NULL THEN
+            o_state := 'dropped';
+            o_outcome := v_verdict.reason;
+        ELSE
+            v_next := gov.quiet_until(p_row.user_id, p_now + v_verdict.retry_after_ms * interval '1 millisecond');
+            IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN
+                o_state := 'expired';
+                o_outcome := 'defer_expired';
+            ELSIF v_next >= v_mc.expires_at THEN
+                o_state := 'expired';
+                o_outcome := 'ttl_expired';
+            ELSE
+                -- never due again in the same instant: every round moves a row forward
+                UPDATE gov.deferred d
+                   SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
+                                                                         p_row.message_id || '#' || v_next::text),
+                                             p_now + interval '1 millisecond')
+                 WHERE d.id = p_row.id;
+                o_state := 'waiting';
+                o_outcome := v_verdict.reason;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now WHERE d.id = p_row.id;
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now
+     WHERE d.user_id = p_row.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = p_row.message_id;
+END;
+$$;

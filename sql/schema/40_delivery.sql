@@ -1,0 +1,249 @@
+-- gov: delivery. A user's push subscriptions, and the runner's side of the outbox:
+-- claiming due rows under a fenced lease (gov.claim_outbox_v2) and recording each
+-- attempt's outcome (gov.record_attempt_v2; a runner's batch: gov.record_attempts_v2).
+
+-- ---------------------------------------------------------------- subscriptions
+
+-- Store a browser's subscription for a user (validated in Python before it gets here).
+-- The same endpoint again updates its keys and owner; a retired one stays retired.
+CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO gov.subscriptions (user_id, endpoint, p256dh, auth)
+    VALUES (p_user_id, p_endpoint, p_p256dh, p_auth)
+    ON CONFLICT (endpoint) WHERE retired_at IS NULL
+    DO UPDATE SET user_id = excluded.user_id, p256dh = excluded.p256dh, auth = excluded.auth
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END;
+$$;
+
+-- ---------------------------------------------------------------- the outbox
+
+-- Claim due outbox rows for one worker: pending rows whose time has come, and rows
+-- whose lease ran out (their worker died or overran). SKIP LOCKED lets runners claim
+-- side by side without waiting on each other; the lease is committed, so no transaction
+-- stays open across the HTTP call. Every claim increments the row's claim_token, the
+-- fencing token gov.record_attempt_v2 requires: a runner whose lease ran out and whose
+-- row was claimed again can no longer record anything for it. A row whose endpoint was
+-- retired meanwhile (a 404/410 for another message) ends 'gone' here, unsent and not
+-- returned. Content, message and tier are joined loosely, so a row whose content is
+-- missing is returned (and failed by the runner) rather than claimed and lost.
+-- p_ids restricts the claim to given rows (gov.send's immediate attempt).
+CREATE FUNCTION gov.claim_outbox_v2(
+    p_worker   text,
+    p_limit    integer,
+    p_lease_ms bigint,
+    p_now      timestamptz DEFAULT NULL,
+    p_ids      bigint[]    DEFAULT NULL
+) RETURNS TABLE (
+    outbox_id       bigint,
+    claim_token     bigint,
+    user_id         text,
+    message_id      text,
+    tier            text,
+    attempts        integer,
+    subscription_id bigint,
+    endpoint        text,
+    p256dh          text,
+    auth            text,
+    content         jsonb,
+    collapse_key    text,
+    ttl_s           integer,
+    urgency         text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'claim limit must be positive, got %', p_limit USING ERRCODE = '22023';
+    END IF;
+    IF p_lease_ms IS NULL OR p_lease_ms < 1 THEN
+        RAISE EXCEPTION 'lease must be positive, got % ms', p_lease_ms USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.id, s.retired_at IS NOT NULL AS retired
+          FROM gov.outbox o
+          JOIN gov.subscriptions s ON s.id = o.subscription_id
+         WHERE ((o.state = 'pending' AND o.next_attempt_at <= v_now)
+             OR (o.state = 'sending' AND o.lease_until <= v_now))
+           AND (p_ids IS NULL OR o.id = ANY (p_ids))
+         ORDER BY o.next_attempt_at, o.id
+         LIMIT p_limit
+           FOR UPDATE OF o SKIP LOCKED
+    ), claimed AS (
+        UPDATE gov.outbox o
+           SET state       = CASE WHEN due.retired THEN 'gone' ELSE 'sending' END,
+               attempts    = o.attempts + CASE WHEN due.retired THEN 0 ELSE 1 END,
+               claim_token = o.claim_token + 1,
+               leased_by   = CASE WHEN due.retired THEN NULL ELSE p_worker END,
+               lease_until = CASE WHEN due.retired THEN NULL
+                                  ELSE v_now + p_lease_ms * interval '1 millisecond' END,
+               finished_at = CASE WHEN due.retired THEN v_now ELSE o.finished_at END,
+               last_error  = CASE WHEN due.retired THEN 'not sent: the endpoint was retired' ELSE o.last_error END
+          FROM due
+         WHERE o.id = due.id
+        RETURNING o.*, due.retired
+    )
+    SELECT c.id, c.claim_token, c.user_id, c.message_id, m.tier, c.attempts, s.id, s.endpoint, s.p256dh, s.auth,
+           mc.content, mc.collapse_key,
+           greatest(0, floor(extract(epoch FROM mc.expires_at - v_now)))::integer,
+           t.urgency
+      FROM claimed c
+      JOIN gov.subscriptions s ON s.id = c.subscription_id
+      LEFT JOIN gov.messages m ON m.user_id = c.user_id AND m.message_id = c.message_id
+      LEFT JOIN gov.message_content mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
+      LEFT JOIN gov.tiers t ON t.tier = m.tier
+     WHERE NOT c.retired
+     ORDER BY c.id;
+END;
+$$;
+
+-- Record one attempt's outcome and move the outbox row on:
+--   accepted → delivered; gone → retire the subscription (matching id AND endpoint, so
+--   a just-refreshed endpoint survives a late 410) and end every other row still to do
+--   for it 'gone', unsent, whoever holds it; throttled → retry after Retry-After;
+--   transient/unauthorized → capped exponential backoff with jitter, failed after
+--   p_max_attempts; rejected → failed; expired → expired; released → handed back unsent
+--   (the runner had no time left in its lease to attempt it: pending again, the claim's
+--   attempt not counted, nothing logged). Nothing is retried past the message's deadline.
+-- Fenced (invariant 12): only the claim that still holds the row records. A record
+-- whose claim token is no longer the row's (its lease ran out and another runner claimed
+-- the row), or for a row no longer being sent, changes nothing, logs nothing, and returns
+-- 'stale' ('gone' when the row was ended by its endpoint's 404/410).
+CREATE FUNCTION gov.record_attempt_v2(
+    p_outbox_id      bigint,
+    p_claim_token    bigint,
+    p_worker         text,
+    p_origin         text,
+    p_outcome        text,
+    p_status         integer,
+    p_retry_after_ms bigint,
+    p_error          text,
+    p_max_attempts   integer DEFAULT 8,
+    p_backoff_ms     bigint  DEFAULT 1000,
+    p_backoff_cap_ms bigint  DEFAULT 300000,
+    p_now            timestamptz DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_row     gov.outbox%ROWTYPE;
+    v_expires timestamptz;
+    v_next    timestamptz;
+    v_state   text;
+BEGIN
+    SELECT * INTO v_row FROM gov.outbox o WHERE o.id = p_outbox_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'stale';
+    END IF;
+    IF v_row.state <> 'sending' OR v_row.claim_token IS DISTINCT FROM p_claim_token THEN
+        RETURN CASE WHEN v_row.state = 'gone' THEN 'gone' ELSE 'stale' END;
+    END IF;
+
+    IF p_outcome = 'released' THEN
+        UPDATE gov.outbox
+           SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL
+         WHERE id = p_outbox_id;
+        RETURN 'released';
+    END IF;
+
+    INSERT INTO gov.delivery_attempts (outbox_id, user_id, message_id, subscription_id, origin, worker,
+                                       outcome, status, retry_after_ms, error, attempted_at)
+    VALUES (p_outbox_id, v_row.user_id, v_row.message_id, v_row.subscription_id, p_origin, p_worker,
+            p_outcome, p_status, p_retry_after_ms, left(p_error, 2000), v_now);
+
+    SELECT mc.expires_at INTO v_expires
+      FROM gov.message_content mc WHERE mc.user_id = v_row.user_id AND mc.message_id = v_row.message_id;
+
+    IF p_outcome = 'accepted' THEN
+        v_state := 'delivered';
+    ELSIF p_outcome = 'gone' THEN
+        v_state := 'gone';
+        -- by id: a refreshed endpoint is a new row, so a late 410 cannot retire it
+        UPDATE gov.subscriptions s
+           SET retired_at = v_now, retired_reason = 'push service answered ' || coalesce(p_status::text, 'gone')
+         WHERE s.id = v_row.subscription_id AND s.retired_at IS NULL;
+        -- the endpoint's other rows still to do end now, unsent, whoever holds them (their
+        -- holders' records are then fenced off); a row whose holder is recording it right
+        -- now is skipped, not waited for: its next claim ends it, as the endpoint is retired
+        UPDATE gov.outbox o
+           SET state = 'gone', finished_at = v_now, lease_until = NULL, leased_by = NULL,
+               last_status = p_status,
+               last_error = 'not sent: the endpoint answered ' || coalesce(p_status::text, 'gone')
+                            || ' to message ' || v_row.message_id
+         WHERE o.id IN (SELECT x.id FROM gov.outbox x
+                         WHERE x.subscription_id = v_row.subscription_id AND x.id <> p_outbox_id
+                           AND x.state IN ('pending', 'sending')
+                           FOR UPDATE SKIP LOCKED);
+    ELSIF p_outcome IN ('rejected', 'expired') THEN
+        v_state := CASE p_outcome WHEN 'rejected' THEN 'failed' ELSE 'expired' END;
+    ELSE
+        IF p_outcome = 'throttled' AND p_retry_after_ms IS NOT NULL THEN
+            v_next := v_now + p_retry_after_ms * interval '1 millisecond';
+        ELSE
+            v_next := v_now + (least(p_backoff_cap_ms, p_backoff_ms * 2 ^ greatest(v_row.attempts - 1, 0))
+                               * (0.5 + random() * 0.5)) * interval '1 millisecond';
+        END IF;
+        IF v_expires IS NOT NULL AND v_next >= v_expires THEN
+            v_state := 'expired';
+        ELSIF v_row.attempts >= p_max_attempts THEN
+            v_state := 'failed';
+        ELSE
+            v_state := 'pending';
+        END IF;
+    END IF;
+
+    UPDATE gov.outbox
+       SET state = v_state, lease_until = NULL, leased_by = NULL,
+           next_attempt_at = coalesce(v_next, next_attempt_at),
+           last_status = p_status, last_error = left(p_error, 2000),
+           finished_at = CASE WHEN v_state = 'pending' THEN NULL ELSE v_now END
+     WHERE id = p_outbox_id;
+    RETURN v_state;
+END;
+$$;
+
+-- ---------------------------------------------------------------- delivery outcomes in batches
+
+-- One call and one commit for a runner's batch instead of one per message: a durable
+-- commit is the largest single cost of a write (PERFORMANCE.md). Each element is
+-- {"outbox_id", "claim_token", "origin", "outcome", "status", "retry_after_ms", "error"};
+-- each is recorded exactly as gov.record_attempt_v2 would (fenced by its claim token:
+-- 'stale' for a row this runner no longer holds), in outbox id order (the order claims
+-- lock rows in, so two runners never wait on each other in a cycle).
+CREATE FUNCTION gov.record_attempts_v2(
+    p_worker         text,
+    p_attempts       jsonb,
+    p_max_attempts   integer DEFAULT 8,
+    p_backoff_ms     bigint  DEFAULT 1000,
+    p_backoff_cap_ms bigint  DEFAULT 300000,
+    p_now            timestamptz DEFAULT NULL
+) RETURNS TABLE (outbox_id bigint, state text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r_a record;
+BEGIN
+    IF jsonb_typeof(p_attempts) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'attempts must be a JSON array' USING ERRCODE = '22023';
+    END IF;
+    FOR r_a IN
+        SELECT (e ->> 'outbox_id')::bigint AS id, (e ->> 'claim_token')::bigint AS claim_token,
+               e ->> 'origin' AS origin, e ->> 'outcome' AS outcome,
+               (e ->> 'status')::integer AS status, (e ->> 'retry_after_ms')::bigint AS retry_after_ms,
+               e ->> 'error' AS error
+          FROM jsonb_array_elements(p_attempts) e
+         ORDER BY 1
+    LOOP
+        RETURN QUERY
+        SELECT r_a.id, gov.record_attempt_v2(r_a.id, r_a.claim_token, p_worker, r_a.origin, r_a.outcome,
+                                             r_a.status, r_a.retry_after_ms, r_a.error, p_max_attempts,
+                                             p_backoff_ms, p_backoff_cap_ms, p_now);
+    END LOOP;
+END;
+$$;
