@@ -43,7 +43,7 @@ MUTANTS = [
         "a_user_cap_replaces_default",
         "the decision takes the user's own cap instead of least(default, user)",
         (
-            ("sql/schema/10_decide.sql", "least(x.cap, uc.cap) AS cap", "coalesce(uc.cap, x.cap) AS cap", 1),
+            ("sql/schema/20_decide.sql", "least(x.cap, uc.cap) AS cap", "coalesce(uc.cap, x.cap) AS cap", 1),
             ("sql/migrations/0006_queue_analytics.sql", "least(x.cap, uc.cap) AS cap",
              "coalesce(uc.cap, x.cap) AS cap", 1),
         ),
@@ -53,7 +53,7 @@ MUTANTS = [
         "b_defer_max_ignored_at_release",
         "release_one never gives up at give_up_at (defer_max)",
         (
-            ("sql/schema/10_decide.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
+            ("sql/schema/30_hold_release.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
              "IF false THEN", 1),
             ("sql/migrations/0009_hold_release.sql",
              "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
@@ -78,7 +78,7 @@ MUTANTS = [
         "d_release_claim_without_skip_locked",
         "release_due_v1 takes held rows FOR UPDATE without SKIP LOCKED",
         (
-            ("sql/schema/10_decide.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
+            ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
             ("sql/migrations/0009_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -87,7 +87,7 @@ MUTANTS = [
         "e_dispatch_claim_without_skip_locked",
         "claim_outbox_v2 takes outbox rows FOR UPDATE without SKIP LOCKED",
         (
-            ("sql/schema/00_core.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+            ("sql/schema/40_delivery.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
             ("sql/migrations/0010_runner_fencing.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
         ),
         (

@@ -13,7 +13,7 @@ Shape of one run (one contender on one workload):
 Every contender sees the same users and the same message ids in the same order: the
 sequence is a function of (workload, client index, call number) only.
 
-The bench's own SQL lives here rather than in ``sql/queries.sql``: it is set-up for a
+The bench's own SQL lives here rather than in ``sql/queries_*.sql``: it is set-up for a
 scratch database (truncate, prefill, history), never part of a decision.
 """
 
