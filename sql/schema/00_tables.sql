@@ -82,6 +82,9 @@ CREATE TABLE gov.users (
     quiet_start time,
     quiet_end   time,
     updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- at most one segment (engaged, dormant, casual or the app's own): the fatigue
+    -- measure reports per segment and a policy may cap a tier per segment
+    segment     text        CONSTRAINT users_segment_name CHECK (segment ~ '^[a-z][a-z0-9_-]{0,31}$'),
     CONSTRAINT users_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL))
 );
 
