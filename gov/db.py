@@ -169,8 +169,9 @@ class Source:
                 finally:
                     raw.close()
 
-    def execute(self, query: Any, params: Any, *, retry: bool = True) -> list[tuple[Any, ...]]:
-        """Run one statement in one unit of work and return its rows.
+    def execute(self, query: Any, params: Any, *, retry: bool = True, row_factory: Any = None) -> list[Any]:
+        """Run one statement in one unit of work and return its rows (tuples, or what
+        ``row_factory`` makes of them, e.g. ``psycopg.rows.class_row(Decision)``: by name).
 
         When gov owns the connection (a DSN, a pool, an engine) and it is lost, e.g. the
         server restarted, the statement is sent again on a fresh connection until
@@ -183,7 +184,10 @@ class Source:
         while True:
             try:
                 with self.connection() as conn:
-                    return conn.execute(query, params).fetchall()
+                    if row_factory is None:
+                        return conn.execute(query, params).fetchall()
+                    with conn.cursor(row_factory=row_factory) as cur:
+                        return cur.execute(query, params).fetchall()
             except ConnectionLost:
                 if not retry or self.external_transaction or time.monotonic() + delay > deadline:
                     raise

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from psycopg.rows import dict_row
+
 from gov.db import Source
 from gov.delivery.netguard import EndpointGuard
 from gov.delivery.subscription import parse_subscription
@@ -94,8 +96,9 @@ class Governor:
                 "campaign_id": message.campaign_id,
                 "now": self._now(at),
             },
+            row_factory=dict_row,
         )
-        return Decision(*row)
+        return Decision.from_row(row)
 
     def send(self, message: Message, *, at: datetime | None = None, deliver: bool = True) -> SendResult:
         """Decide and, when allowed, queue one outbox row per live endpoint: one call, atomic.
@@ -122,9 +125,10 @@ class Governor:
                 "ttl": message.ttl,
                 "now": self._now(at),
             },
+            row_factory=dict_row,
         )
-        decision = Decision(*row[:7])
-        ids = tuple(row[7])
+        decision = Decision.from_row(row)
+        ids = tuple(row["outbox_ids"])
         delivered = 0
         if deliver and ids and self.signer is not None and not self.source.external_transaction:
             try:
@@ -143,27 +147,24 @@ class Governor:
         verdicts and suppression rows one-by-one decisions would give; a campaign pays
         one commit per batch instead of one per user. A user listed twice is decided once.
         """
-        return [(u, Decision(*rest)) for u, *rest in self._many("decide_many", template, user_ids, at, batch)]
+        return [(r["user_id"], Decision.from_row(r)) for r in self._many("decide_many", template, user_ids, at, batch)]
 
     def send_many(
         self, template: Message, user_ids: Iterable[str], *, at: datetime | None = None, batch: int = 500
     ) -> list[tuple[str, SendResult]]:
         """:meth:`send` for a whole audience, in batches (delivery is left to ``gov dispatch``)."""
         rows = self._many("send_many", template, user_ids, at, batch, content=json.dumps(template.content()))
-        return [
-            (u, SendResult(Decision(allowed, action, reason, repeated=repeated), tuple(ids)))
-            for u, allowed, action, reason, repeated, ids in rows
-        ]
+        return [(r["user_id"], SendResult(Decision.from_row(r), tuple(r["outbox_ids"]))) for r in rows]
 
     def _many(
         self, query: str, template: Message, user_ids: Iterable[str], at: datetime | None, batch: int, **extra: Any
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[dict[str, Any]]:
         if not isinstance(template, Message):
             raise TypeError(f"expected a gov.Message template, got {type(template).__name__}")
         if batch < 1:
             raise ValueError("batch must be at least 1")
         users = [replace(template, user_id=u).user_id for u in user_ids]  # each id checked like a Message
-        rows: list[tuple[Any, ...]] = []
+        rows: list[dict[str, Any]] = []
         for start in range(0, len(users), batch):
             rows += self.source.execute(
                 q(query),
@@ -178,6 +179,7 @@ class Governor:
                     "now": self._now(at),
                     **extra,
                 },
+                row_factory=dict_row,
             )
         return rows
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gov.errors import InvalidMessage
@@ -116,6 +117,11 @@ class Decision:
     cap: int | None = None
     retry_after_ms: int | None = None
     repeated: bool = False
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Decision:
+        """The decision in a row that holds its columns by name (and maybe others)."""
+        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})
 
     def as_send_json(self) -> dict[str, Any]:
         """The seeds' send shape: ``{"sent": true}`` or ``{"sent": false, "action", "reason"}``."""

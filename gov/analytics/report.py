@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from psycopg.rows import class_row
 from rich.table import Table
 
 from gov.analytics.events import as_source
@@ -126,11 +127,13 @@ def fatigue_report(
         raise ValueError("since must be a positive duration")
     src, owned = as_source(source)
     try:
-        rows = src.execute(q("fatigue_report"), {"since": since, "now": now, "segment": segment})
+        rows = src.execute(
+            q("fatigue_report"), {"since": since, "now": now, "segment": segment}, row_factory=class_row(BucketRow)
+        )
     finally:
         if owned:
             src.close()
-    return FatigueReport(since, now, segment, tuple(BucketRow(*row) for row in rows))
+    return FatigueReport(since, now, segment, tuple(rows))
 
 
 def revocation_suspects(
@@ -143,11 +146,15 @@ def revocation_suspects(
     """Users with at least ``min_accepted`` accepted sends and no display in the window."""
     src, owned = as_source(source)
     try:
-        rows = src.execute(q("revocation_suspects"), {"since": since, "min_accepted": min_accepted, "now": now})
+        rows = src.execute(
+            q("revocation_suspects"),
+            {"since": since, "min_accepted": min_accepted, "now": now},
+            row_factory=class_row(Suspect),
+        )
     finally:
         if owned:
             src.close()
-    return [Suspect(*row) for row in rows]
+    return rows
 
 
 # ---------------------------------------------------------------- rendering

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from psycopg.rows import class_row
+
 from gov import policy as policy_mod
 from gov.analytics.events import as_source
 from gov.queries import q
@@ -104,8 +106,9 @@ def whatif(
     try:
         with src.connection() as conn, conn.transaction(force_rollback=True):
             policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True)
-            rows = conn.execute(q("whatif_summary"), {"since": since, "now": now}).fetchall()
+            with conn.cursor(row_factory=class_row(WhatIfRow)) as cur:
+                rows = cur.execute(q("whatif_summary"), {"since": since, "now": now}).fetchall()
     finally:
         if owned:
             src.close()
-    return WhatIf(since, now, tuple(WhatIfRow(*row) for row in rows))
+    return WhatIf(since, now, tuple(rows))

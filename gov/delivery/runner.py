@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from psycopg.rows import class_row
+
 from gov.db import Source
 from gov.delivery.netguard import EndpointGuard, EndpointRefused
 from gov.delivery.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
@@ -177,8 +179,9 @@ class Dispatcher:
         rows = self.source.execute(
             q("claim_outbox"),
             {"worker": self.name, "limit": limit, "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
+            row_factory=class_row(_Claimed),
         )
-        return [_Claimed(*row) for row in rows]
+        return rows
 
     def run_once(self, ids: list[int] | None = None, stop: threading.Event | None = None) -> DispatchStats:
         """Deliver everything due now (or only the rows ``ids``); return what happened.
