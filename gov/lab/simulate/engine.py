@@ -25,14 +25,13 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
-import secrets
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -40,19 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
-from gov import migrate
 from gov import policy as policy_mod
 from gov.db import translate_errors
 from gov.delivery.runner import Dispatcher
 from gov.delivery.vapid import VapidSigner, generate_keypair
-from gov.errors import DatabaseError, GovError
+from gov.errors import GovError
 from gov.governor import Governor
 from gov.hold.release import Releaser
 from gov.lab.simulate.story import DAY, DEFAULT_START, KINDS, Planned, SimUser, Story, population, react
 from gov.queries import q
-from gov.testing.postgres import with_dbname
+from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_time_zone
 
 SUBJECT = "mailto:simulation@gov.example"
@@ -290,42 +287,6 @@ class Runners:
 
 
 # ---------------------------------------------------------------- databases
-
-
-def _admin(server_url: str, template: str, name: str) -> None:
-    try:
-        conn = psycopg.connect(server_url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SimulationError(f"cannot reach the database server: {' '.join(str(exc).split())}") from None
-    with translate_errors(), conn:
-        conn.execute(sql.SQL(q(template)).format(sql.Identifier(name)))
-
-
-@contextlib.contextmanager
-def scratch_database(server_url: str, *, keep: bool = False) -> Iterator[str]:
-    """A new database ``gov_sim_<random>`` on the server of ``server_url``, migrated; dropped after.
-
-    The database ``server_url`` names is never touched: the simulation's 2,000 made-up
-    users do not belong in anyone's real gov tables. Needs CREATEDB.
-    """
-    name = f"gov_sim_{secrets.token_hex(4)}"
-    try:
-        _admin(server_url, "sim_create_database", name)
-    except DatabaseError as exc:
-        raise SimulationError(
-            f"cannot create the scratch database {name} ({exc}); gov simulate needs CREATEDB on the server"
-        ) from None
-    try:
-        # A scratch database needs no durability: not waiting for the WAL flush at every
-        # commit (each send, each attempt, each event is one) is most of a round trip.
-        _admin(server_url, "sim_no_sync_commit", name)
-        dsn = with_dbname(server_url, name)
-        with translate_errors():
-            migrate.upgrade(dsn)
-        yield dsn
-    finally:
-        if not keep:
-            _admin(server_url, "sim_drop_database", name)
 
 
 def ungoverned(policy: policy_mod.Policy) -> policy_mod.Policy:
@@ -655,7 +616,7 @@ def simulate(server_url: str, config: SimConfig, *, governed: bool, keep: bool =
     from gov.lab.simulate.summary import collect
 
     label = "governed" if governed else "governor off"
-    with scratch_database(server_url, keep=keep) as dsn:
+    with scratch_database(server_url, "gov_sim", keep=keep, durable=False) as dsn:
         engine = Engine(dsn, config, governed=governed, progress=progress)
         stats = engine.run()
         summary = collect(dsn, config, label=label, stats=stats)
