@@ -8,7 +8,6 @@ in ``docs/analysts.md``); this module fetches them and renders them as a termina
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from psycopg.rows import class_row
 from rich.table import Table
 
 from gov.analytics.events import as_source
+from gov.analytics.html import render
 from gov.policy import format_duration
 from gov.queries import q
 
@@ -216,149 +216,128 @@ def _floor_log10(value: float) -> int:
     return exponent
 
 
-def _chart(
-    report: FatigueReport, series: str, title: str, color: str, values: Sequence[tuple[int, Decimal | None]]
-) -> str:
-    """One inline SVG line chart of ``values`` (bucket, rate) with the crossover marked."""
-    width, height = 540, 320
-    left, right, top, bottom = 64, 20, 36, 52
+@dataclass(frozen=True)
+class Tick:
+    label: str
+    x: str = ""
+    y: str = ""
+    label_y: str = ""
+
+
+@dataclass(frozen=True)
+class Point:
+    key: int
+    value: float
+    x: str
+    y: str
+    percent: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    key: int
+    x: str
+    label_x: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """The geometry of one line chart; ``templates/_chart.svg.j2`` draws it."""
+
+    series: str
+    title: str
+    color: str
+    x_name: str
+    x_label: str
+    points: tuple[Point, ...]
+    y_ticks: tuple[Tick, ...]
+    x_ticks: tuple[Tick, ...]
+    crossover: Mark | None
+    crossover_color: str = CROSSOVER_COLOR
+    width: int = 540
+    height: int = 320
+    left: int = 64
+    top: int = 36
+    right_px: int = 520
+    bottom_px: int = 268
+
+    @property
+    def mid_x(self) -> str:
+        return f"{self.left + (self.right_px - self.left) / 2:.1f}"
+
+    @property
+    def polyline(self) -> str:
+        return " ".join(f"{p.x},{p.y}" for p in self.points)
+
+
+def line_chart(
+    series: str, title: str, color: str, values: Sequence[tuple[int, Decimal | float | None]], *,
+    x_range: tuple[int, int], x_labels: dict[int, str], x_name: str, x_label: str, crossover: int | None,
+) -> Chart:
+    """A chart of ``values`` (key, rate) over keys ``x_range``, the crossover marked."""
+    width, height, left, right, top, bottom = 540, 320, 64, 20, 36, 52
     plot_w, plot_h = width - left - right, height - top - bottom
-    points = [(b, float(v)) for b, v in values if v is not None]
+    lo, hi = x_range
+    points = [(k, float(v)) for k, v in values if v is not None]
     y_top = _nice_top(max((v for _, v in points), default=0.0))
 
-    def x(bucket: int) -> float:
-        return left + (bucket - 1) * plot_w / (TOP_BUCKET - 1)
+    def x(key: int) -> float:
+        return left + (key - lo) * plot_w / max(hi - lo, 1)
 
     def y(value: float) -> float:
         return top + plot_h - value / y_top * plot_h
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-chart="{series}" '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{html.escape(title)} by send-volume bucket">',
-        f'<text x="{left}" y="22" class="chart-title">{html.escape(title)}</text>',
-    ]
-    for i in range(5):  # horizontal grid and y labels
-        value = y_top * i / 4
-        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" y2="{y(value):.1f}" class="grid"/>')
-        out.append(
-            f'<text x="{left - 8}" y="{y(value) + 4:.1f}" class="tick" text-anchor="end">{value * 100:.3g}%</text>'
-        )
-    for bucket in range(1, TOP_BUCKET + 1):  # x labels
-        label = f"{bucket}+" if bucket == TOP_BUCKET else str(bucket)
-        out.append(
-            f'<text x="{x(bucket):.1f}" y="{top + plot_h + 18}" class="tick" text-anchor="middle">{label}</text>'
-        )
-    out.append(
-        f'<text x="{left + plot_w / 2:.1f}" y="{height - 10}" class="axis-label" text-anchor="middle">'
-        "sends received in the window (bucket)</text>"
+    y_ticks = tuple(
+        Tick(label=f"{y_top * i / 4 * 100:.3g}%", y=f"{y(y_top * i / 4):.1f}", label_y=f"{y(y_top * i / 4) + 4:.1f}")
+        for i in range(5)
     )
-    out.append(
-        f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + plot_h}" class="axis"/>'
-        f'<line x1="{left}" x2="{width - right}" y1="{top + plot_h}" y2="{top + plot_h}" class="axis"/>'
+    x_ticks = tuple(Tick(label=x_labels.get(k, str(k)), x=f"{x(k):.1f}") for k in range(lo, hi + 1))
+    mark = None if crossover is None else Mark(crossover, f"{x(crossover):.1f}", f"{x(crossover) + 6:.1f}")
+    return Chart(
+        series=series, title=title, color=color, x_name=x_name, x_label=x_label,
+        points=tuple(Point(k, v, f"{x(k):.1f}", f"{y(v):.1f}", f"{v * 100:.2f}%") for k, v in points),
+        y_ticks=y_ticks, x_ticks=x_ticks, crossover=mark,
+        width=width, height=height, left=left, top=top, right_px=width - right, bottom_px=top + plot_h,
     )
-    crossover = report.crossover_bucket
-    if crossover is not None:
-        out.append(
-            f'<g class="crossover" data-bucket="{crossover}">'
-            f'<line x1="{x(crossover):.1f}" x2="{x(crossover):.1f}" y1="{top}" y2="{top + plot_h}" '
-            f'stroke="{CROSSOVER_COLOR}" stroke-width="2" stroke-dasharray="6 4"/>'
-            f'<text x="{x(crossover) + 6:.1f}" y="{top + 12}" fill="{CROSSOVER_COLOR}" class="tick">crossover</text>'
-            "</g>"
-        )
-    coords = " ".join(f"{x(b):.1f},{y(v):.1f}" for b, v in points)
-    out.append(f'<g class="series" data-series="{series}">')
-    if len(points) > 1:
-        out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="3"/>')
-    for b, v in points:
-        out.append(
-            f'<circle cx="{x(b):.1f}" cy="{y(v):.1f}" r="5" fill="{color}" data-bucket="{b}" data-value="{v}">'
-            f"<title>bucket {b}: {v * 100:.2f}%</title></circle>"
-        )
-    out.append("</g></svg>")
-    return "\n".join(out)
-
-
-_STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; }
-h1 { font-size: 20px; margin: 0 0 4px; }
-p.window { margin: 0 0 16px; color: #555; }
-.charts { display: flex; flex-wrap: wrap; gap: 16px; }
-svg.chart { border: 1px solid #ddd; background: #fff; }
-.chart-title { font-size: 14px; font-weight: 600; }
-.tick { font-size: 11px; fill: #444; }
-.axis-label { font-size: 12px; fill: #444; }
-.grid { stroke: #eee; }
-.axis { stroke: #888; }
-table { border-collapse: collapse; margin-top: 20px; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th { background: #f6f6f6; }
-tr.crossover td { background: #fff3e0; font-weight: 600; }
-.notes { color: #555; font-size: 12px; max-width: 900px; }
-"""
 
 
 def fatigue_html(report: FatigueReport, suspects: int | None = None) -> str:
     """The report as one self-contained HTML page: inline SVG charts of CTR and
     unsubscribe rate against bucket, the crossover marked, and the table."""
-    head = (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        "<title>gov fatigue report</title>\n"
-        f"<style>{_STYLE}</style>\n</head>\n<body>\n"
-        "<h1>Fatigue by send volume</h1>\n"
-        f'<p class="window">{html.escape(_window_text(report))}</p>\n'
+    crossover = report.crossover_bucket
+
+    def chart(series: str, title: str, color: str, values: list[tuple[int, Decimal | None]]) -> Chart:
+        return line_chart(
+            series, title, color, values, x_range=(1, TOP_BUCKET), x_labels={TOP_BUCKET: f"{TOP_BUCKET}+"},
+            x_name="bucket", x_label="sends received in the window (bucket)", crossover=crossover,
+        )
+
+    charts = [
+        chart("ctr", "Click-through rate (clicks / accepted)", CTR_COLOR, [(r.bucket, r.ctr) for r in report.rows]),
+        chart("unsubscribe_rate", "Unsubscribe rate (unsubscribes / subscribers)", UNSUBSCRIBE_COLOR,
+              [(r.bucket, r.unsubscribe_rate) for r in report.rows]),
+    ]
+    verdict = (
+        f"Crossover at bucket {crossover}: from there the marginal notification costs more "
+        "unsubscribes than it earns clicks."
+        if crossover is not None
+        else "No crossover in the window: unsubscribes never rose faster than clicks."
     )
-    if not report.rows:
-        body = '<p class="empty">No accepted sends in the window: nothing to report yet.</p>\n'
-    else:
-        crossover = report.crossover_bucket
-        verdict = (
-            f"Crossover at bucket {crossover}: from there the marginal notification costs more "
-            "unsubscribes than it earns clicks."
-            if crossover is not None
-            else "No crossover in the window: unsubscribes never rose faster than clicks."
-        )
-        charts = (
-            '<div class="charts">\n'
-            + _chart(report, "ctr", "Click-through rate (clicks / accepted)", CTR_COLOR,
-                     [(r.bucket, r.ctr) for r in report.rows])
-            + "\n"
-            + _chart(report, "unsubscribe_rate", "Unsubscribe rate (unsubscribes / subscribers)",
-                     UNSUBSCRIBE_COLOR, [(r.bucket, r.unsubscribe_rate) for r in report.rows])
-            + "\n</div>\n"
-        )
-        header = "".join(
-            f"<th>{h}</th>"
-            for h in ("bucket", "subscribers", "accepted", "displays", "clicks", "closes", "unsubscribes",
-                      "CTR", "unsubscribe rate", "display rate", "close / click", "crossover")
-        )
-        rows = []
-        for r in report.rows:
-            cells = (
+    rows = [
+        {
+            "crossover": r.crossover,
+            "cells": (
                 r.label, r.subscribers, r.accepted, r.displays, r.clicks, r.closes, r.unsubscribes,
                 _pct(r.ctr), _pct(r.unsubscribe_rate, 2), _pct(r.display_rate), _ratio(r.close_to_click),
                 "crossover" if r.crossover else "",
-            )
-            css = ' class="crossover"' if r.crossover else ""
-            rows.append(f"<tr{css}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-        body = (
-            f'<p class="verdict">{html.escape(verdict)}</p>\n'
-            + charts
-            + f'<table class="buckets">\n<thead><tr>{header}</tr></thead>\n<tbody>\n'
-            + "\n".join(rows)
-            + "\n</tbody>\n</table>\n"
-        )
-    if suspects is not None:
-        body += (
-            f'<p class="suspects">Revocation suspects (accepted sends, no display): {suspects} user(s); '
-            "see the view gov.revocation_suspects.</p>\n"
-        )
-    generated = datetime.now(UTC).isoformat(timespec="seconds")  # a label only; the window is the database's
-    notes = (
-        '<p class="notes">A bucket holds the users who received that many notifications in the window '
-        f"({TOP_BUCKET}+: {TOP_BUCKET} or more). CTR and display rate are per accepted message, the unsubscribe "
-        "rate per subscriber. The crossover is the first bucket where, stepping up from the bucket below, "
-        "unsubscribes per subscriber rise, and by more than clicks per subscriber do. "
-        f"Generated {html.escape(generated)} by gov.</p>\n"
+            ),
+        }
+        for r in report.rows
+    ]
+    return render(
+        "fatigue_volume.html.j2",
+        window=_window_text(report), verdict=verdict, charts=charts, rows=rows, suspects=suspects, top=TOP_BUCKET,
+        header=("bucket", "subscribers", "accepted", "displays", "clicks", "closes", "unsubscribes",
+                "CTR", "unsubscribe rate", "display rate", "close / click", "crossover"),
+        generated=datetime.now(UTC).isoformat(timespec="seconds"),  # a label only; the window is the database's
     )
-    return head + body + notes + "</body>\n</html>\n"

@@ -199,6 +199,8 @@ def test_table_and_html_render(gov: Governor, seeded: datetime) -> None:
         assert external not in page, external
     empty = fatigue_html(fatigue_report(gov, now=seeded, segment="none-"))
     assert "No accepted sends" in empty and "<svg" not in empty
+    hostile = fatigue_html(fatigue_report(gov, now=seeded, segment="<script>x</script>"))
+    assert "<script" not in hostile and "&lt;script&gt;x&lt;/script&gt;" in hostile  # escaped, never markup
 
 
 def test_cli_fatigue_json_table_and_bad_input(db_url: str, seeded: datetime, tmp_path: Any) -> None:
