@@ -1,4 +1,4 @@
-"""Held messages: collapse that compresses, a releaser one bad row cannot stop (issue 11).
+"""Held messages: collapse that compresses, a releaser one bad row cannot stop.
 
 Revision ID: 0009_hold_release
 Revises: 0008_fatigue_leavers

@@ -1,4 +1,4 @@
-"""One runner per row: a fencing token on outbox claims, and a 410 that ends the endpoint's other rows (issue 12).
+"""One runner per row: a fencing token on outbox claims, and a 410 that ends the endpoint's other rows.
 
 Revision ID: 0010_runner_fencing
 Revises: 0009_hold_release

@@ -1,4 +1,4 @@
-"""The metrics read of `gov serve` (/metrics): gov.metrics_v1 and BRIN indexes on the time columns (issue 12).
+"""The metrics read of `gov serve` (/metrics): gov.metrics_v1 and BRIN indexes on the time columns.
 
 Revision ID: 0011_metrics
 Revises: 0010_runner_fencing

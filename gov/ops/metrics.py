@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12 item 7), with the ``prometheus_client`` library.
+"""Prometheus metrics, with the ``prometheus_client`` library.
 
 Two sources, both in the Prometheus text format:
 

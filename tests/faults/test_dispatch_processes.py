@@ -1,4 +1,4 @@
-"""Four `gov dispatch` processes over one outbox of 5,000 rows (issue 12, acceptance).
+"""Four `gov dispatch` processes over one outbox of 5,000 rows.
 
 * Side by side, they deliver every row **exactly once**, as counted by a real push service
   (it verifies the VAPID token and decrypts every request): claims skip each other's rows,

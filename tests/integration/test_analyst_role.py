@@ -28,7 +28,7 @@ from tests.integration.test_report import seed_fatigue, seed_suppressions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "analysts.md"
 SECRET_COLUMNS = ("endpoint", "p256dh", "auth")
-# relations this issue owns: declared in gov.analytics.tables column for column
+# the analysts' relations: declared in gov.analytics.tables column for column
 OWN = {"push_events", "campaign_shortfall", "suppressions_daily", "revocation_suspects"}
 
 

@@ -1,4 +1,4 @@
-"""The runner under abuse (issue 12, items 1-3): a poison row, a trickling push service,
+"""The runner under abuse: a poison row, a trickling push service,
 a runner whose lease ran out, and a 410 in the middle of a batch.
 
 Everything is real: PostgreSQL, the loopback push service that verifies VAPID and

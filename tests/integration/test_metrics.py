@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12 item 7): `gov serve`'s /metrics read from a real database
+"""Prometheus metrics: `gov serve`'s /metrics read from a real database
 after real sends and deliveries, the in-process attempt metrics, and a looping
 `gov dispatch --metrics-port` scraped over real HTTP."""
 

@@ -269,7 +269,7 @@ def test_four_releasers_release_each_message_once(db_url: str, clock: Clock, con
     assert conn.execute("SELECT state, count(*) FROM gov.deferred GROUP BY state").fetchall() == [("released", n)]
 
 
-# ---------------------------------------------------------------- issue 11: hold and release to the decision's standard
+# ---------------------------------------------------------------- hold and release to the decision's standard
 
 
 def test_a_digest_held_for_the_weekly_slot_survives_to_be_summarised(
