@@ -327,10 +327,7 @@ def put_preferences(conn: psycopg.Connection[Any], user_id: str, doc: Preference
     An absent field is cleared (PUT replaces the whole document). A cap above the
     policy's default is refused (:class:`gov.PolicyError`) and nothing is written.
     """
-    from gov.policy import parse_clock
-
-    quiet = doc.quiet_hours
-    window = (parse_clock(quiet.start, "start"), parse_clock(quiet.end, "end")) if quiet is not None else None
+    window = doc.quiet_hours.times() if doc.quiet_hours is not None else None
     caps = {(cap.scope, cap.window_ms): cap.cap for cap in doc.caps}
     with conn.transaction():
         users.set_time_zone(conn, user_id, doc.time_zone)

@@ -11,6 +11,7 @@ refuses unknown fields and coerces nothing (a number is not a string, ``true`` i
 from __future__ import annotations
 
 import re
+from datetime import time
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -131,6 +132,9 @@ class Event(Body):
 class QuietHours(Body):
     start: Clock
     end: Clock
+
+    def times(self) -> tuple[time, time]:
+        return parse_clock(self.start, "start"), parse_clock(self.end, "end")
 
     @model_validator(mode="after")
     def _not_empty(self) -> QuietHours:
