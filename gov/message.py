@@ -11,6 +11,7 @@ from gov.errors import InvalidMessage
 
 TIER_FORM = re.compile(r"^P[0-9]$")
 MAX_ID_LENGTH = 256  # characters, for user ids, message ids, topics, campaigns, collapse keys
+MIN_TTL_S = 1  # second: 0 ("now or never") would expire before any runner could send it
 MAX_TTL_S = 28 * 86400  # seconds: push services keep a message four weeks at most (the one place in
 #                          Python; the CHECK constraints on gov.tiers and gov.message_content mirror it)
 
@@ -78,11 +79,11 @@ class Message:
             if value is not None and (not isinstance(value, str) or "\x00" in value or not is_utf8(value)):
                 raise InvalidMessage(f"{name} must be valid Unicode text without NUL bytes")
         if self.ttl is not None and (
-            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 1 <= self.ttl <= MAX_TTL_S
+            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not MIN_TTL_S <= self.ttl <= MAX_TTL_S
         ):
             # 0 ("now or never") is refused: its deadline would pass before any runner could
             # send it, so it would be allowed, counted and never delivered. Use a short TTL.
-            raise InvalidMessage(f"ttl must be whole seconds from 1 to {MAX_TTL_S}, got {self.ttl!r}")
+            raise InvalidMessage(f"ttl must be whole seconds from {MIN_TTL_S} to {MAX_TTL_S}, got {self.ttl!r}")
 
     @property
     def tag(self) -> str:

@@ -25,6 +25,7 @@ VERBS = ("drop", "defer", "collapse")
 URGENCIES = ("very-low", "low", "normal", "high")
 DEFAULT_DEFER_MAX_MS = 6 * 3600 * 1000  # milliseconds: the seeds' ceiling on a deferral
 DEFAULT_TTL_S = 86400  # seconds
+MAX_CAP = 1_000_000  # sends in one window: a cap above this is a typo, not a policy
 MAX_DURATION_MS = 366 * 86_400_000  # milliseconds: no window, TTL or wait is longer than a year
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
@@ -255,7 +256,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
             except ValueError as exc:
                 raise refuse(section, key, str(exc)) from None
             cap = item["cap"]
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0 or cap > 1_000_000:
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0 or cap > MAX_CAP:
                 raise refuse(section, key, f"{what}: cap must be a whole number ≥ 0, got {cap!r}")
             if ms in seen:
                 raise refuse(section, key, f"{what}: two windows of {format_duration(ms)}")

@@ -26,6 +26,7 @@ from gov.queries import q
 EVENTS = ("accepted", "display", "click", "close", "unsubscribe")
 #: What a browser may report. ``accepted`` is the push service's answer, which only the
 #: runner sees: a beacon claiming it is refused.
+MAX_SUBSCRIPTION_ID = 2**63 - 1  # gov.subscriptions.id is a bigint
 BEACON_EVENTS = ("display", "click", "close", "unsubscribe")
 _REFUSED = "GV003"  # SQLSTATE of gov.record_event_v1's refusals
 
@@ -48,7 +49,9 @@ def check_event(user_id: object, message_id: object, event: object, subscription
     if event not in EVENTS:
         raise InvalidEvent(f"unknown event {event!r}: expected one of {', '.join(EVENTS)}")
     if subscription_id is not None and (
-        isinstance(subscription_id, bool) or not isinstance(subscription_id, int) or not 0 < subscription_id < 2**63
+        isinstance(subscription_id, bool)
+        or not isinstance(subscription_id, int)
+        or not 0 < subscription_id <= MAX_SUBSCRIPTION_ID
     ):
         raise InvalidEvent(f"subscription_id must be a positive integer, got {subscription_id!r}")
 

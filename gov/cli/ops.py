@@ -167,8 +167,10 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
     """
     try:
         from gov.http import app as serve_mod
-    except ImportError as exc:  # starlette and uvicorn are dependencies of gov: a broken install
-        raise GovError(f"gov serve needs starlette and uvicorn (dependencies of gov; reinstall it): {exc}") from None
+    except ImportError as exc:  # fastapi, pydantic and uvicorn are dependencies of gov: a broken install
+        raise GovError(
+            f"gov serve needs fastapi, pydantic and uvicorn (dependencies of gov; reinstall it): {exc}"
+        ) from None
 
     token = os.environ.get(serve_mod.ENV_TOKEN)
     signer = None

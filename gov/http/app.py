@@ -1,4 +1,4 @@
-"""`gov serve`: the governor over HTTP (Starlette on uvicorn).
+"""`gov serve`: the governor over HTTP (FastAPI on Starlette and uvicorn).
 
 Routes::
 
@@ -8,7 +8,7 @@ Routes::
     PUT  /users/{id}/preferences      replace them (all or nothing)
     GET  /healthz                     200 when the database answers, else 503
     GET  /metrics                     Prometheus text format (gov.ops.metrics): counts only, no user data
-    GET  /openapi.json                this API, described
+    GET  /openapi.json                this API, described (generated from gov.http.models)
 
 ``/internal/*`` and ``/users/*`` need ``Authorization: Bearer <GOV_API_TOKEN>`` (compared
 in constant time; 401 and nothing written without it). ``/metrics`` needs a bearer token
@@ -17,7 +17,9 @@ too, since the server is often reachable from the internet for ``/events``: the 
 beacon must be: it can only add one event of each kind to a message gov decided for
 that user, so the worst a forger can do is count a click that did not happen once.
 Bodies over 64 KiB are refused with 413 before they are read; malformed JSON is 400,
-well-formed but invalid input is 422, and nothing is written for either.
+well-formed but invalid input is 422, and nothing is written for either. The bodies are
+the pydantic models of :mod:`gov.http.models`: they validate each request and are the
+OpenAPI document's schemas. Every refusal, 404 and 405 included, is ``{"error": "…"}``.
 
 Without ``GOV_VAPID_PRIVATE_KEY`` the server only records: an allowed message waits in
 the outbox for ``gov dispatch``. With it, the server also attempts delivery at once.
@@ -26,32 +28,37 @@ the outbox for ``gov dispatch``. With it, the server also attempts delivery at o
 from __future__ import annotations
 
 import contextlib
-import functools
 import hmac
 import json
 import logging
-import re
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import time
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Annotated, Any
 
 import prometheus_client
 import psycopg
-from starlette.applications import Starlette
+from fastapi import FastAPI, Path, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope
+from starlette.types import Message as ASGIMessage
+from starlette.types import Send as ASGISend
 
 from gov import users
-from gov.analytics.events import BEACON_EVENTS, InvalidEvent, record_event
+from gov.analytics.events import record_event
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.governor import Governor
-from gov.message import MAX_ID_LENGTH, MAX_TTL_S, Message
+from gov.http.models import Error, Event, Health, Id, Preferences, Send, Verdict
 from gov.ops import metrics as gov_metrics
-from gov.policy import format_duration, parse_clock, parse_duration
+from gov.policy import format_duration
 from gov.queries import q
 
 log = logging.getLogger("gov.http.app")
@@ -62,24 +69,11 @@ MAX_BODY_BYTES = 64 * 1024  # bytes: a send is a few hundred; anything near this
 MIN_TOKEN_LENGTH = 16  # characters: a shorter bearer token can be guessed
 DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: /internal is for your own services
 DEFAULT_PORT = 8080
-MAX_OPTOUTS = 200  # topics a user may opt out of
-_CAP_SCOPE = re.compile(r"P[0-9]|global|topic")
 
-#: The seed's send fields (JSON name → gov.Message field).
-SEND_FIELDS = {
-    "userId": "user_id",
-    "tier": "tier",
-    "id": "id",
-    "title": "title",
-    "body": "body",
-    "url": "url",
-    "topic": "topic",
-    "collapseKey": "collapse_key",
-    "ttl": "ttl",
-    "campaignId": "campaign_id",
-}
-EVENT_FIELDS = ("userId", "messageId", "event", "subscriptionId")
-PREFERENCE_FIELDS = ("userId", "timeZone", "quietHours", "caps", "topicsOptedOut")
+#: Each route's JSON field names, from its model.
+SEND_FIELDS = tuple(f.alias or name for name, f in Send.model_fields.items())
+EVENT_FIELDS = tuple(f.alias or name for name, f in Event.model_fields.items())
+PREFERENCE_FIELDS = tuple(f.alias or name for name, f in Preferences.model_fields.items())
 
 
 class HTTPError(Exception):
@@ -92,37 +86,14 @@ class HTTPError(Exception):
         self.headers = dict(headers or {})
 
 
-def _compact(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")), status_code=status, media_type="application/json")
-
-
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    return JSONResponse({"error": message}, status_code=status, headers=dict(headers or {}))
+    # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
+    safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse({"error": safe}, status_code=status, headers=dict(headers or {}))
 
 
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def _answers(fn: Handler) -> Handler:
-    """Map refusals to their status: HTTPError as given, gov's invalid input 422, database 503."""
-
-    @functools.wraps(fn)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except HTTPError as exc:
-            return _error(exc.status, exc.message, exc.headers)
-        except InvalidInput as exc:
-            return _error(422, str(exc))
-        except DatabaseError as exc:
-            log.error("database error: %s", exc, extra={"action": "serve_database_error"})
-            return _error(503, "the database is unavailable; retry later")
-
-    return wrapper
-
-
-async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
-    """The request body as JSON: 413 past ``limit`` bytes (declared or streamed), 400 if not JSON."""
+async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[bytes, Any]:
+    """The request body and its JSON: 413 past ``limit`` bytes (declared or streamed), 400 if not JSON."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -141,47 +112,205 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        data = json.loads(bytes(body), parse_constant=refuse_constant)
-        # a \uD800 escape parses to a lone surrogate, which no database text can hold
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise HTTPError(400, "invalid JSON: a string holds a lone surrogate (not valid Unicode)") from None
+        return bytes(body), json.loads(bytes(body), parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise HTTPError(400, f"invalid JSON: {exc}") from None
-    return data
 
 
-def _object(data: Any, allowed: tuple[str, ...] | Mapping[str, str], what: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise HTTPError(422, f"{what}: expected a JSON object")
-    unknown = sorted(set(data) - set(allowed))
-    if unknown:
-        raise HTTPError(422, f"{what}: unknown field {unknown[0]!r} (expected {', '.join(allowed)})")
-    return data
+class JSONRequest(Request):
+    """A request whose body gov has read within its limit and parsed, whatever the Content-Type.
+
+    A beacon sent with ``navigator.sendBeacon`` says ``text/plain``; it is JSON all the same.
+    """
+
+    _raw: bytes
+    _parsed: Any
+
+    @classmethod
+    async def read(cls, request: Request, limit: int) -> JSONRequest:
+        raw, parsed = await read_json(request, limit)
+        headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]
+        new = cls({**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}, request.receive)
+        new._raw, new._parsed = raw, parsed
+        return new
+
+    async def body(self) -> bytes:
+        return self._raw
+
+    async def json(self) -> Any:
+        return self._parsed
 
 
-def _text_fields(data: Mapping[str, Any], names: tuple[str, ...]) -> None:
-    for name in names:
-        value = data.get(name)
-        if value is not None and not isinstance(value, str):
-            raise HTTPError(422, f"{name} must be a string, got {type(value).__name__}")
+class BearerToken(HTTPBearer):
+    """A bearer token that guards a route, compared in constant time; an OpenAPI security scheme too."""
+
+    def __init__(self, accepted: Sequence[bytes], scheme_name: str, description: str) -> None:
+        super().__init__(scheme_name=scheme_name, description=description, auto_error=False)
+        self.accepted = list(accepted)
+
+    def check(self, request: Request) -> None:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        given = value.strip().encode()
+        # compare_digest even for a wrong scheme: the time taken says nothing about the token;
+        # every accepted token is compared, so the time says nothing about which one matched
+        matches = [hmac.compare_digest(given, secret) for secret in self.accepted]
+        if not any(matches) or scheme.lower() != "bearer":
+            raise HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="gov"'})
+
+    async def __call__(self, request: Request) -> None:  # type: ignore[override]
+        self.check(request)
 
 
-def _check_user_id(user_id: str) -> None:
-    if not user_id.strip() or len(user_id) > MAX_ID_LENGTH or "\x00" in user_id:
-        raise HTTPError(422, f"invalid user id (1 to {MAX_ID_LENGTH} characters)")
+class GovRoute(APIRoute):
+    """A route that checks its bearer token before it reads the body, then reads the body gov's way.
+
+    FastAPI reads and parses a body before it runs a route's dependencies; gov answers 401
+    without reading a byte, 413 before reading past the limit, and 400 for what is not JSON
+    (NaN and Infinity included) before the model sees anything.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        guards = [d.call for d in self.dependant.dependencies if isinstance(d.call, BearerToken)]
+        takes_body = self.body_field is not None
+
+        async def guarded(request: Request) -> Response:
+            for guard in guards:
+                guard.check(request)
+            if takes_body:
+                request = await JSONRequest.read(request, request.app.state.max_body)
+            return await handler(request)
+
+        return guarded
+
+
+class HeadAsGet:
+    """Answer HEAD as GET without the body, as Starlette's own routes did (a load balancer's health check)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def without_body(message: ASGIMessage) -> None:
+            await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+_EXPECTED = {
+    "string_type": "a string", "int_type": "a whole number", "bool_type": "true or false", "list_type": "a list",
+    "model_type": "a JSON object", "model_attributes_type": "a JSON object", "dict_type": "a JSON object",
+}
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def _json_type(value: Any) -> str:
+    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def describe(error: Mapping[str, Any], model: type[BaseModel] | None) -> str:
+    """One line for one pydantic error, in gov's words: ``tier is required``, ``unknown field 'x'``…"""
+    loc = [str(p) for p in error.get("loc", ())[1:]]  # without "body" / "path"
+    what = model.__name__.lower() if model is not None else "request"
+    name = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc).lstrip(".") or what
+    kind, ctx, given = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    if kind == "missing":
+        return f"{name} is required"
+    if kind == "extra_forbidden":
+        parent = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[:-1]).lstrip(".") or what
+        expected = ""
+        if model is not None and len(loc) == 1:
+            expected = f" (expected {', '.join(f.alias or n for n, f in model.model_fields.items())})"
+        return f"{parent}: unknown field {loc[-1]!r}{expected}"
+    if kind in _EXPECTED:
+        if not loc:
+            return f"{what}: expected {_EXPECTED[kind]}, got {_json_type(given)}"
+        return f"{name} must be {_EXPECTED[kind]}, got {_json_type(given)}"
+    if kind == "value_error" and "error" in ctx:
+        return f"{name}: {ctx['error']}"
+    if kind == "literal_error":
+        return f"unknown {name} {given!r}: expected one of {ctx.get('expected')}"
+    if kind == "string_pattern_mismatch":
+        return f"unknown {name} {given!r}: expected the form {ctx.get('pattern')}"
+    return f"{name}: {error.get('msg', 'invalid')}"
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    route = request.scope.get("route")
+    field = getattr(route, "body_field", None)
+    annotation = getattr(getattr(field, "field_info", None), "annotation", None)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _allowed_methods(request: Request) -> str:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal as ``{"error": "<one line>"}``, FastAPI's own (422, 404, 405) included."""
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPError)
+        return _error(exc.status, exc.message, exc.headers)
+
+    async def starlette_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
+        return _error(exc.status_code, str(exc.detail), headers)
+
+    async def invalid_request(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        return _error(422, describe(errors[0], _body_model(request)) if errors else "invalid request")
+
+    async def invalid_input(request: Request, exc: Exception) -> Response:
+        return _error(422, str(exc))
+
+    async def database_error(request: Request, exc: Exception) -> Response:
+        log.error("database error: %s", exc, extra={"action": "serve_database_error"})
+        return _error(503, "the database is unavailable; retry later")
+
+    app.add_exception_handler(HTTPError, http_error)
+    app.add_exception_handler(StarletteHTTPException, starlette_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(InvalidInput, invalid_input)
+    app.add_exception_handler(DatabaseError, database_error)
+
+
+_REASONS = {
+    400: "not JSON, or no body", 401: "missing or wrong bearer token", 413: "the body is over the limit",
+    422: "well-formed but invalid: nothing was written", 503: "the database is unavailable; retry later",
+}
+
+
+def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses for these refusals: each an :class:`~gov.http.models.Error`."""
+    return {status: {"model": Error, "description": _REASONS[status]} for status in statuses}
 
 
 # ---------------------------------------------------------------- preferences
 
 
-def get_preferences(conn: psycopg.Connection[Any], user_id: str) -> dict[str, Any]:
-    """A user's preferences as the API's JSON document (defaults for a user never seen)."""
+def get_preferences(conn: psycopg.Connection[Any], user_id: str) -> Preferences:
+    """A user's preferences (defaults for a user never seen)."""
     settings = conn.execute(q("user_settings"), {"user_id": user_id}).fetchone()
     time_zone, quiet_start, quiet_end = settings if settings else (None, None, None)
     caps = conn.execute(q("user_caps"), {"user_id": user_id}).fetchall()
     topics = conn.execute(q("user_topic_optouts"), {"user_id": user_id}).fetchall()
-    return {
+    return Preferences.model_validate({
         "userId": user_id,
         "timeZone": time_zone,
         "quietHours": (
@@ -189,63 +318,19 @@ def get_preferences(conn: psycopg.Connection[Any], user_id: str) -> dict[str, An
         ),
         "caps": [{"scope": s, "window": format_duration(w), "cap": c} for s, w, c in caps],
         "topicsOptedOut": [t for (t,) in topics],
-    }
+    })
 
 
-def _parse_preferences(
-    doc: Mapping[str, Any],
-) -> tuple[str | None, tuple[time, time] | None, dict[tuple[str, int], int], list[str]]:
-    time_zone = doc.get("timeZone")
-    if time_zone is not None and (not isinstance(time_zone, str) or not time_zone):
-        raise InvalidInput("timeZone must be an IANA zone name such as Europe/Berlin, or null")
-    quiet = doc.get("quietHours")
-    window = None
-    if quiet is not None:
-        if not isinstance(quiet, dict) or set(quiet) != {"start", "end"}:
-            raise InvalidInput('quietHours must be {"start": "HH:MM", "end": "HH:MM"} or null')
-        try:
-            window = parse_clock(quiet["start"], "quietHours.start"), parse_clock(quiet["end"], "quietHours.end")
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        if window[0] == window[1]:
-            raise InvalidInput("quietHours: start and end are equal")
-    raw_caps = doc.get("caps") or []
-    if not isinstance(raw_caps, list):
-        raise InvalidInput('caps must be a list of {"scope": "P2", "window": "24h", "cap": 1}')
-    caps: dict[tuple[str, int], int] = {}
-    for item in raw_caps:
-        if not isinstance(item, dict) or set(item) != {"scope", "window", "cap"}:
-            raise InvalidInput('each cap must be {"scope": "P2", "window": "24h", "cap": 1}')
-        scope, cap = item["scope"], item["cap"]
-        if not isinstance(scope, str) or not _CAP_SCOPE.fullmatch(scope):
-            raise InvalidInput(f"cap scope {scope!r}: expected a tier (P0..P9), 'global' or 'topic'")
-        try:
-            window_ms = parse_duration(item["window"], f"cap {scope} window")
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= 1_000_000:
-            raise InvalidInput(f"cap {scope}/{item['window']}: must be a whole number from 0 to 1000000, got {cap!r}")
-        if (scope, window_ms) in caps:
-            raise InvalidInput(f"cap {scope}/{item['window']} is given twice")
-        caps[(scope, window_ms)] = cap
-    topics = doc.get("topicsOptedOut") or []
-    if not isinstance(topics, list) or len(topics) > MAX_OPTOUTS:
-        raise InvalidInput(f"topicsOptedOut must be a list of at most {MAX_OPTOUTS} topics")
-    for topic in topics:
-        if not isinstance(topic, str) or not topic.strip() or len(topic) > MAX_ID_LENGTH or "\x00" in topic:
-            raise InvalidInput(f"topic {topic!r}: expected 1 to {MAX_ID_LENGTH} characters")
-    return time_zone, window, caps, sorted(set(topics))
-
-
-def put_preferences(conn: psycopg.Connection[Any], user_id: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+def put_preferences(conn: psycopg.Connection[Any], user_id: str, doc: Preferences) -> Preferences:
     """Replace a user's preferences with ``doc`` in one transaction; return the stored document.
 
     An absent field is cleared (PUT replaces the whole document). A cap above the
     policy's default is refused (:class:`gov.PolicyError`) and nothing is written.
     """
-    time_zone, window, caps, topics = _parse_preferences(doc)
+    window = doc.quiet_hours.times() if doc.quiet_hours is not None else None
+    caps = {(cap.scope, cap.window_ms): cap.cap for cap in doc.caps}
     with conn.transaction():
-        users.set_time_zone(conn, user_id, time_zone)
+        users.set_time_zone(conn, user_id, doc.time_zone)
         users.set_quiet_hours(conn, user_id, window)
         for scope, window_ms, _cap in conn.execute(q("user_caps"), {"user_id": user_id}).fetchall():
             if (scope, window_ms) not in caps:
@@ -253,12 +338,14 @@ def put_preferences(conn: psycopg.Connection[Any], user_id: str, doc: Mapping[st
         for (scope, window_ms), cap in caps.items():
             users.set_user_cap(conn, user_id, scope, window_ms, cap)
         conn.execute(q("clear_user_topic_optouts"), {"user_id": user_id})
-        for topic in topics:
+        for topic in sorted(set(doc.topics_opted_out)):
             conn.execute(q("add_user_topic_optout"), {"user_id": user_id, "topic": topic})
     return get_preferences(conn, user_id)
 
 
 # ---------------------------------------------------------------- the application
+
+UserId = Annotated[Id, Path(alias="userId", description="the user's id")]
 
 
 def create_app(
@@ -268,7 +355,7 @@ def create_app(
     max_body: int = MAX_BODY_BYTES,
     close_on_shutdown: bool = False,
     metrics_token: str | None = None,
-) -> Starlette:
+) -> FastAPI:
     """The ASGI application over ``governor``; ``token`` guards /internal and /users.
 
     /metrics takes ``token`` or ``metrics_token`` (a scrape-only secret). Creating the app
@@ -287,104 +374,108 @@ def create_app(
             f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
         )
     expected = token.strip().encode()
-    scrape_tokens = [expected] + ([metrics_token.strip().encode()] if metrics_token is not None else [])
-
-    def authorize(request: Request, accepted: list[bytes] | None = None) -> None:
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        given = value.strip().encode()
-        # compare_digest even for a wrong scheme: the time taken says nothing about the token;
-        # every accepted token is compared, so the time says nothing about which one matched
-        matches = [hmac.compare_digest(given, secret) for secret in (accepted or [expected])]
-        if not any(matches) or scheme.lower() != "bearer":
-            raise HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="gov"'})
+    api_token = BearerToken([expected], "bearer", ENV_TOKEN)
+    scrape_token = BearerToken(
+        [expected] + ([metrics_token.strip().encode()] if metrics_token is not None else []),
+        "metrics", f"{ENV_METRICS_TOKEN} (scrape-only) or {ENV_TOKEN}",
+    )
 
     gov_metrics.enable()
     database = gov_metrics.DatabaseCollector(governor.source.connection)
     exposition = gov_metrics.Union(prometheus_client.REGISTRY, database)
-
-    @_answers
-    async def send(request: Request) -> Response:
-        authorize(request)
-        data = _object(await read_json(request, max_body), SEND_FIELDS, "send")
-        for name in ("userId", "id", "tier", "title"):
-            if data.get(name) is None:
-                hint = " (P0, P1, P2 or P3: there is no default)" if name == "tier" else ""
-                raise HTTPError(422, f"{name} is required{hint}")
-        _text_fields(data, ("userId", "id", "tier", "title", "body", "url", "topic", "collapseKey", "campaignId"))
-        message = Message(**{SEND_FIELDS[k]: v for k, v in data.items()})
-        message.content()  # refuse an oversize or untitled payload before anything is recorded
-        result = await run_in_threadpool(governor.send, message)
-        return _compact(result.as_json())
-
-    @_answers
-    async def events(request: Request) -> Response:
-        data = _object(await read_json(request, max_body), EVENT_FIELDS, "event")
-        event = data.get("event")
-        if event == "accepted":
-            raise HTTPError(422, "accepted is recorded by the delivery runner, not by a beacon")
-        if event not in BEACON_EVENTS:
-            raise HTTPError(422, f"unknown event {event!r}: expected one of {', '.join(BEACON_EVENTS)}")
-        try:
-            # record_event refuses anything that is not an id (check_event takes any object)
-            user_id, message_id = cast(str, data.get("userId")), cast(str, data.get("messageId"))
-            await run_in_threadpool(record_event, governor, user_id, message_id, event, data.get("subscriptionId"))
-        except InvalidEvent as exc:
-            raise HTTPError(422, str(exc)) from None
-        return Response(status_code=204)
-
-    def _conn_call(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-        with governor.source.connection() as conn:
-            return fn(conn, *args)
-
-    @_answers
-    async def preferences(request: Request) -> Response:
-        authorize(request)
-        user_id = request.path_params["user_id"]
-        _check_user_id(user_id)
-        if request.method == "GET":
-            return JSONResponse(await run_in_threadpool(_conn_call, get_preferences, user_id))
-        doc = _object(await read_json(request, max_body), PREFERENCE_FIELDS, "preferences")
-        if doc.get("userId") not in (None, user_id):
-            raise HTTPError(422, "userId in the body differs from the one in the path")
-        return JSONResponse(await run_in_threadpool(_conn_call, put_preferences, user_id, doc))
-
-    @_answers
-    async def healthz(request: Request) -> Response:
-        def ping() -> None:
-            with governor.source.connection() as conn:
-                conn.execute(q("ping"))
-
-        await run_in_threadpool(ping)
-        return _compact({"ok": True})
-
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(OPENAPI)
-
-    @_answers
-    async def metrics(request: Request) -> Response:
-        authorize(request, scrape_tokens)
-        body = await run_in_threadpool(prometheus_client.generate_latest, exposition)
-        return Response(body, media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
             if close_on_shutdown:
                 await run_in_threadpool(governor.close)
 
-    return Starlette(
+    app = FastAPI(
+        title="gov",
+        version="1",
+        description=f"The send-rate governor for web push, over HTTP. Bodies are at most {max_body} bytes; "
+                    'every refusal is {"error": "<one line>"}.',
         lifespan=lifespan,
-        routes=[
-            Route("/internal/send", send, methods=["POST"]),
-            Route("/events", events, methods=["POST"]),
-            Route("/users/{user_id}/preferences", preferences, methods=["GET", "PUT"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi, methods=["GET"]),
-        ]
+        openapi_url=None,  # served by the route above, which the document lists
+        docs_url=None,
+        redoc_url=None,
+        separate_input_output_schemas=False,
     )
+    app.router.route_class = GovRoute
+
+    @app.post(
+        "/internal/send", summary="Decide and send one message (the seed's send)",
+        response_model=Verdict, response_model_exclude_none=True, dependencies=[Security(api_token)],
+        responses=refusals(400, 401, 413, 422, 503),
+    )
+    async def send(body: Send) -> Verdict:
+        message = body.message()
+        message.content()  # refuse an oversize or untitled payload before anything is recorded
+        result = await run_in_threadpool(governor.send, message)
+        return Verdict.model_validate(result.as_json())
+
+    @app.post(
+        "/events", summary="Beacon from the service worker: display, click, close or unsubscribe",
+        status_code=204, response_class=Response, responses=refusals(400, 413, 422, 503),
+    )
+    async def events(body: Event) -> Response:
+        await run_in_threadpool(record_event, governor, body.user_id, body.message_id, body.event,
+                                body.subscription_id)
+        return Response(status_code=204)
+
+    def _conn_call(fn: Callable[..., Preferences], *args: Any) -> Preferences:
+        with governor.source.connection() as conn:
+            return fn(conn, *args)
+
+    @app.get(
+        "/users/{userId}/preferences", summary="A user's preferences", response_model=Preferences,
+        dependencies=[Security(api_token)], responses=refusals(401, 422, 503),
+    )
+    async def read_preferences(user_id: UserId) -> Preferences:
+        return await run_in_threadpool(_conn_call, get_preferences, user_id)
+
+    @app.put(
+        "/users/{userId}/preferences", summary="Replace a user's preferences (all or nothing)",
+        response_model=Preferences, dependencies=[Security(api_token)],
+        responses=refusals(400, 401, 413, 422, 503),
+    )
+    async def replace_preferences(user_id: UserId, body: Preferences) -> Preferences:
+        if body.user_id not in (None, user_id):
+            raise HTTPError(422, "userId in the body differs from the one in the path")
+        return await run_in_threadpool(_conn_call, put_preferences, user_id, body)
+
+    @app.get(
+        "/healthz", summary="The server runs and the database answers", response_model=Health,
+        responses=refusals(503),
+    )
+    async def healthz() -> Health:
+        def ping() -> None:
+            with governor.source.connection() as conn:
+                conn.execute(q("ping"))
+
+        await run_in_threadpool(ping)
+        return Health(ok=True)
+
+    @app.get(
+        "/metrics", summary="Prometheus metrics: decisions, suppressions, depths, delivery (counts only)",
+        response_class=PlainTextResponse, dependencies=[Security(scrape_token)], responses=refusals(401),
+    )
+    async def metrics() -> Response:
+        body = await run_in_threadpool(prometheus_client.generate_latest, exposition)
+        return Response(body, media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    @app.get(
+        "/openapi.json", summary="This document, generated from the models",
+        response_class=JSONResponse, responses={200: {"description": "OpenAPI 3.1"}},
+    )
+    async def openapi() -> Response:
+        return JSONResponse(app.openapi())
+
+    app.state.max_body = max_body
+    install_error_handlers(app)
+    app.add_middleware(HeadAsGet)
+    return app
 
 
 def serve(
@@ -432,167 +523,3 @@ def serve(
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         governor.close()
-
-
-# ---------------------------------------------------------------- OpenAPI
-
-_ERROR = {"description": "refused", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {
-        "title": "gov",
-        "version": "1",
-        "description": "The send-rate governor for web push, over HTTP. Bodies are at most 64 KiB.",
-    },
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "GOV_API_TOKEN"}},
-        "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-            "Send": {
-                "type": "object",
-                "required": ["userId", "tier", "id", "title"],
-                "additionalProperties": False,
-                "properties": {
-                    "userId": {"type": "string", "maxLength": MAX_ID_LENGTH},
-                    "tier": {"type": "string", "pattern": "^P[0-9]$", "description": "required: there is no default"},
-                    "id": {"type": "string", "maxLength": MAX_ID_LENGTH, "description": "stable: the idempotency key"},
-                    "title": {"type": "string"},
-                    "body": {"type": "string"},
-                    "url": {"type": "string"},
-                    "topic": {"type": "string"},
-                    "collapseKey": {"type": "string"},
-                    "ttl": {"type": "integer", "minimum": 0, "maximum": MAX_TTL_S},
-                    "campaignId": {"type": "string"},
-                },
-            },
-            "Verdict": {
-                "type": "object",
-                "required": ["sent"],
-                "properties": {
-                    "sent": {"type": "boolean"},
-                    "action": {"type": "string", "enum": ["drop", "defer", "collapse"]},
-                    "reason": {"type": "string", "examples": ["cap_86400000ms", "quiet_hours"]},
-                },
-            },
-            "Event": {
-                "type": "object",
-                "required": ["userId", "messageId", "event"],
-                "additionalProperties": False,
-                "properties": {
-                    "userId": {"type": "string"},
-                    "messageId": {"type": "string"},
-                    "event": {"type": "string", "enum": list(BEACON_EVENTS)},
-                    "subscriptionId": {"type": ["integer", "null"]},
-                },
-            },
-            "Preferences": {
-                "type": "object",
-                "additionalProperties": False,
-                "description": "PUT replaces the whole document: an absent field is cleared.",
-                "properties": {
-                    "userId": {"type": "string"},
-                    "timeZone": {"type": ["string", "null"], "description": "IANA zone; null: no quiet hours"},
-                    "quietHours": {
-                        "type": ["object", "null"],
-                        "description": "local HH:MM; null: the policy's default",
-                        "properties": {"start": {"type": "string"}, "end": {"type": "string"}},
-                    },
-                    "caps": {
-                        "type": "array",
-                        "description": "the user's own caps; each may only lower the policy's default",
-                        "items": {
-                            "type": "object",
-                            "required": ["scope", "window", "cap"],
-                            "properties": {
-                                "scope": {"type": "string", "examples": ["P2", "global", "topic"]},
-                                "window": {"type": "string", "examples": ["24h", "7d"]},
-                                "cap": {"type": "integer", "minimum": 0},
-                            },
-                        },
-                    },
-                    "topicsOptedOut": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_OPTOUTS},
-                },
-            },
-        },
-    },
-    "paths": {
-        "/internal/send": {
-            "post": {
-                "summary": "Decide and send one message (the seed's send)",
-                "security": _BEARER,
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Send"}}},
-                },
-                "responses": {
-                    "200": {
-                        "description": 'the verdict, compact: {"sent":true} or {"sent":false,"action":…,"reason":…}',
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}},
-                    },
-                    "400": _ERROR, "401": _ERROR, "413": _ERROR, "422": _ERROR, "503": _ERROR,
-                },
-            }
-        },
-        "/events": {
-            "post": {
-                "summary": "Beacon from the service worker: display, click, close or unsubscribe",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Event"}}},
-                },
-                "responses": {
-                    "204": {"description": "recorded (or already recorded)"},
-                    "400": _ERROR, "413": _ERROR, "422": _ERROR, "503": _ERROR,
-                },
-            }
-        },
-        "/users/{userId}/preferences": {
-            "parameters": [{"name": "userId", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "get": {
-                "summary": "A user's preferences",
-                "security": _BEARER,
-                "responses": {
-                    "200": {
-                        "description": "the preferences",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Preferences"}}},
-                    },
-                    "401": _ERROR,
-                },
-            },
-            "put": {
-                "summary": "Replace a user's preferences (all or nothing)",
-                "security": _BEARER,
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Preferences"}}},
-                },
-                "responses": {
-                    "200": {
-                        "description": "the stored preferences",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Preferences"}}},
-                    },
-                    "400": _ERROR, "401": _ERROR, "413": _ERROR, "422": _ERROR,
-                },
-            },
-        },
-        "/healthz": {
-            "get": {
-                "summary": "The server runs and the database answers",
-                "responses": {"200": {"description": "ok"}, "503": _ERROR},
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics: decisions, suppressions, depths, delivery (counts only)",
-                "security": _BEARER,
-                "responses": {
-                    "200": {"description": "the Prometheus text format", "content": {"text/plain": {}}},
-                    "401": _ERROR,
-                },
-            }
-        },
-        "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
-    },
-}

@@ -23,6 +23,8 @@ from click.testing import CliRunner
 from gov import Governor
 from gov.cli import main
 from gov.http.app import MAX_BODY_BYTES, create_app
+from gov.http.models import Error, Event, Preferences, Send
+from gov.message import MAX_ID_LENGTH, MAX_TTL_S
 
 with warnings.catch_warnings():
     # Starlette >= 1.10 prefers the httpx2 package for its TestClient and warns when it
@@ -292,3 +294,118 @@ def test_create_app_refuses_a_weak_token(governor: Governor) -> None:
 
     with pytest.raises(ConfigurationError, match="GOV_API_TOKEN"):
         create_app(governor, "too-short")
+
+
+# ---------------------------------------------------------------- one source: the models
+
+
+#: Every route and the model of its request body (None: it takes none).
+ROUTES = [
+    ("post", "/internal/send", Send),
+    ("post", "/events", Event),
+    ("get", "/users/{userId}/preferences", None),
+    ("put", "/users/{userId}/preferences", Preferences),
+    ("get", "/healthz", None),
+    ("get", "/metrics", None),
+    ("get", "/openapi.json", None),
+]
+
+
+def _resolve(spec: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    assert ref.startswith("#/components/schemas/"), ref
+    return spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def _conforms(spec: dict[str, Any], schema: dict[str, Any], value: Any) -> None:
+    """``value`` fits the documented object ``schema``: its required fields, no others, the right types."""
+    schema = _resolve(spec, schema)
+    assert schema["type"] == "object" and isinstance(value, dict), (schema, value)
+    assert set(schema.get("required", ())) <= set(value) <= set(schema["properties"]), (schema, value)
+    types = {"string": str, "integer": int, "boolean": bool, "object": dict, "array": list}
+    for name, item in value.items():
+        assert isinstance(item, types[schema["properties"][name]["type"]]), (name, item)
+
+
+def test_openapi_lists_every_route_with_its_request_model(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")
+    served = {(method, path) for path, item in spec["paths"].items() for method in item}
+    assert served == {(method, path) for method, path, _ in ROUTES}
+    for method, path, model in ROUTES:
+        operation = spec["paths"][path][method]
+        if model is None:
+            assert "requestBody" not in operation, (method, path)
+            continue
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{model.__name__}"}, (method, path)
+        documented = spec["components"]["schemas"][model.__name__]
+        assert set(documented["properties"]) == {f.alias for f in model.model_fields.values()}
+        assert documented["additionalProperties"] is False
+        # every refusal is documented as gov's error body, never FastAPI's {"detail": [...]}
+        for status in ("400", "413", "422"):
+            refusal = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert _resolve(spec, refusal) == _resolve(spec, {"$ref": f"#/components/schemas/{Error.__name__}"})
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    # the limits are gov's constants, not copies
+    send = spec["components"]["schemas"]["Send"]
+    assert send["required"] == ["userId", "tier", "id", "title"]
+    assert send["properties"]["userId"]["maxLength"] == MAX_ID_LENGTH
+    (ttl,) = (t for t in send["properties"]["ttl"]["anyOf"] if t["type"] == "integer")
+    assert ttl["maximum"] == MAX_TTL_S
+    assert spec["paths"]["/internal/send"]["post"]["security"] == [{"bearer": []}]
+    assert spec["paths"]["/metrics"]["get"]["security"] == [{"metrics": []}]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "/internal/send", {"userId": "u", "tier": "P2", "id": "m", "title": "t", "ttl": MAX_TTL_S + 1}),
+        ("post", "/internal/send", {"userId": "u" * (MAX_ID_LENGTH + 1), "tier": "P2", "id": "m", "title": "t"}),
+        ("post", "/internal/send", {"userId": "u", "tier": "P2", "id": "m", "title": 7}),
+        ("post", "/events", {"userId": "u", "messageId": "m", "event": "click", "subscriptionId": "1"}),
+        ("put", "/users/{userId}/preferences", {"caps": [{"scope": "P2", "window": "24h", "cap": -1}]}),
+        ("put", "/users/{userId}/preferences", {"quietHours": {"start": "22:00"}}),
+    ],
+)
+def test_a_body_the_model_refuses_gets_the_documented_error(
+    client: TestClient, conn: psycopg.Connection[Any], method: str, path: str, body: Any
+) -> None:
+    spec = client.get("/openapi.json").json()
+    r = client.request(method.upper(), path.replace("{userId}", "u"), json=body, headers=AUTH)
+    assert r.status_code == 422, r.text
+    _conforms(spec, spec["paths"][path][method]["responses"]["422"]["content"]["application/json"]["schema"],
+              r.json())
+    assert r.json()["error"].strip()
+    assert _counts(conn) == (0, 0, 0, 0, 0)
+
+
+def test_limits_are_the_constants(client: TestClient) -> None:
+    def status(**fields: Any) -> int:
+        return send(client, {"userId": "u", "tier": "P2", "id": "m", "title": "t", **fields}).status_code
+
+    assert status(userId="u" * MAX_ID_LENGTH, id="a") == 200
+    assert status(userId="u" * (MAX_ID_LENGTH + 1), id="b") == 422
+    assert status(ttl=MAX_TTL_S, id="c") == 200
+    assert status(ttl=MAX_TTL_S + 1, id="d") == 422
+    assert status(ttl=True, id="e") == 422  # no coercion: true is not 1
+    assert status(topic="x\x00", id="f") == 422
+    assert status(topic="", id="g") == 422
+
+
+def test_unknown_routes_and_methods_answer_json(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    error = spec["components"]["schemas"]["Error"]
+    missing = client.get("/nowhere", headers=AUTH)
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/json"
+    _conforms(spec, error, missing.json())
+    wrong = client.delete("/users/u/preferences", headers=AUTH)
+    assert wrong.status_code == 405 and wrong.headers["content-type"] == "application/json"
+    _conforms(spec, error, wrong.json())
+    assert wrong.headers["allow"] == "GET, PUT"
+    assert client.get("/internal/send", headers=AUTH).json() == {"error": "Method Not Allowed"}
+    # HEAD is GET without the body, as before
+    head = client.head("/healthz")
+    assert head.status_code == 200 and head.content == b""

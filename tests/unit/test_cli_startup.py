@@ -11,7 +11,8 @@ import sys
 from click.testing import CliRunner
 
 HEAVY = ("alembic", "sqlalchemy", "gov.migrate", "gov.lab", "gov.lab.simulate", "gov.lab.bench", "gov.lab.soak",
-         "gov.cli.ops", "gov.cli.send", "gov.cli.delivery", "gov.governor", "gov.http", "starlette", "uvicorn")
+         "gov.cli.ops", "gov.cli.send", "gov.cli.delivery", "gov.governor", "gov.http", "starlette", "uvicorn",
+         "fastapi", "pydantic")
 
 
 def _loaded_after(code: str) -> list[str]:
