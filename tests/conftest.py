@@ -1,18 +1,23 @@
-"""Shared fixtures: a real PostgreSQL per run, a fresh database per test."""
-
+"""Shared fixtures: a real PostgreSQL per run, a fresh database per test, a VAPID key
+and a strict local push service that checks it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from gov import Governor
+from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.testing import PushService
 from gov.testing.postgres import TemplateDatabases, server_url
 
 pytest_plugins = ["gov.testing.pytest_plugin"]
+
+SUBJECT = "mailto:push-ops@example.com"
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +52,23 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
 def governor(db_url: str) -> Iterator[Governor]:
     with Governor(db_url) as g:
         yield g
+
+
+@pytest.fixture
+def key_path(tmp_path: Path) -> Path:
+    """A fresh VAPID private key file (mode 0600)."""
+    path = tmp_path / "vapid.pem"
+    generate_keypair(path)
+    return path
+
+
+@pytest.fixture
+def signer(key_path: Path) -> VapidSigner:
+    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
+
+
+@pytest.fixture
+def push(signer: VapidSigner) -> Iterator[PushService]:
+    """A push service that verifies this test's VAPID key and decrypts every payload."""
+    with PushService(expected_public_key=signer.public_key, hang_s=2.0) as service:
+        yield service

@@ -71,19 +71,6 @@ def use_fault_policy(url: str) -> None:
     apply_policy(url, FAULT_POLICY, "fault policy")
 
 
-class Clock:
-    """A simulation clock the tests move by hand: no sleeping for simulated time."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **kw: float) -> None:
-        self.now += timedelta(**kw)
-
-
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s.
 

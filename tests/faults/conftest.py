@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import VapidSigner
 from gov.testing import PushService
 from gov.testing.postgres import TemplateDatabases
-from tests.faults import SUBJECT
 
 
 class OwnPostgres:
@@ -93,18 +92,6 @@ def own_pg() -> Iterator[OwnPostgres]:
             own.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.fixture
-def key_path(tmp_path: Path) -> Path:
-    path = tmp_path / "vapid.pem"
-    generate_keypair(path)
-    return path
-
-
-@pytest.fixture
-def signer(key_path: Path) -> VapidSigner:
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
 
 
 @pytest.fixture

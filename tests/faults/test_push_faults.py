@@ -25,8 +25,8 @@ import pytest
 from gov import Governor, Message
 from gov.delivery.runner import Dispatcher
 from gov.delivery.vapid import VapidSigner
-from gov.testing import PushService
-from tests.faults import Clock, GovProcess, assert_integrity, db_now, gov_env, wait_for
+from gov.testing import Clock, PushService
+from tests.faults import GovProcess, assert_integrity, db_now, gov_env, wait_for
 
 TIMEOUT_S = 0.5  # the runner's HTTP timeout here
 HANG_S = 30.0  # how long the push service would hold a hung request: far longer than the timeout

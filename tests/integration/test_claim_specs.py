@@ -19,17 +19,10 @@ import psycopg
 import pytest
 
 from gov import Governor, Message
+from gov.testing import Clock
 
 T0 = datetime(2026, 6, 10, 9, 0, tzinfo=UTC)
 NOT_WAITING = "1500ms"  # B's lock_timeout: a blocked claim fails, a free one never waits
-
-
-class Clock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +19,9 @@ import pytest
 
 from gov import ConfigurationError, Governor, InvalidMessage, InvalidSubscription, Message
 from gov.delivery.vapid import VapidSigner, generate_keypair
-from gov.testing import PushService
+from gov.testing import Clock, PushService
 
 SUBJECT = "mailto:push-ops@example.com"
-
-
-class Clock:
-    """A simulation clock the tests move by hand: no sleeping."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **kw: float) -> None:
-        self.now += timedelta(**kw)
-
-
-@pytest.fixture
-def key_path(tmp_path: Path) -> Path:
-    path = tmp_path / "vapid.pem"
-    generate_keypair(path)
-    return path
-
-
-@pytest.fixture
-def signer(key_path: Path) -> VapidSigner:
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
-
-
-@pytest.fixture
-def push(signer: VapidSigner) -> Iterator[PushService]:
-    with PushService(expected_public_key=signer.public_key, hang_s=2.0) as service:
-        yield service
 
 
 @pytest.fixture

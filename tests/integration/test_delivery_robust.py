@@ -17,7 +17,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,43 +27,18 @@ import pytest
 from gov import ConfigurationError, Governor, Message
 from gov.delivery.push import MAX_PAYLOAD_BYTES, PushOutcome, build_payload
 from gov.delivery.runner import Dispatcher, _attempt
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import VapidSigner
 from gov.hold.release import Releaser
-from gov.testing import PushService
+from gov.testing import Clock, PushService
 
 SUBJECT = "mailto:push-ops@example.com"
 WEEK = 7 * 86400
-
-
-class Clock:
-    """A simulation clock the tests move by hand."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **kw: float) -> None:
-        self.now += timedelta(**kw)
 
 
 @pytest.fixture(autouse=True)
 def loopback_test_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """The push services here are http on 127.0.0.1: the explicit test mode, for every runner."""
     monkeypatch.setenv("GOV_ALLOW_LOOPBACK_HTTP", "1")
-
-
-@pytest.fixture
-def key_path(tmp_path: Path) -> Path:
-    path = tmp_path / "vapid.pem"
-    generate_keypair(path)
-    return path
-
-
-@pytest.fixture
-def signer(key_path: Path) -> VapidSigner:
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -12,32 +11,10 @@ import pytest
 
 from gov import Governor, InvalidInput, Message
 from gov.analytics.events import InvalidEvent, record_event
-from gov.delivery.vapid import VapidSigner, generate_keypair
-from gov.testing import PushService
+from gov.delivery.vapid import VapidSigner
+from gov.testing import Clock, PushService
 
 SUBJECT = "mailto:push-ops@example.com"
-
-
-class Clock:
-    """A simulation clock moved by hand."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def signer(tmp_path: Path) -> VapidSigner:
-    generate_keypair(tmp_path / "vapid.pem")
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(tmp_path / "vapid.pem"), "GOV_VAPID_SUBJECT": SUBJECT})
-
-
-@pytest.fixture
-def push(signer: VapidSigner) -> Iterator[PushService]:
-    with PushService(expected_public_key=signer.public_key, hang_s=2.0) as service:
-        yield service
 
 
 @pytest.fixture

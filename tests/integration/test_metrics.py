@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gov import Governor, Message
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import VapidSigner
 from gov.http.app import create_app
 from gov.ops import metrics as gov_metrics
 from gov.testing import PushService
@@ -53,24 +53,6 @@ def family_values(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ..
 
 def L(**labels: str) -> tuple[tuple[str, str], ...]:  # a label set, sorted as parse() keys it
     return tuple(sorted(labels.items()))
-
-
-@pytest.fixture
-def key_path(tmp_path: Path) -> Path:
-    path = tmp_path / "vapid.pem"
-    generate_keypair(path)
-    return path
-
-
-@pytest.fixture
-def signer(key_path: Path) -> VapidSigner:
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
-
-
-@pytest.fixture
-def push(signer: VapidSigner) -> Iterator[PushService]:
-    with PushService(expected_public_key=signer.public_key, hang_s=2.0) as service:
-        yield service
 
 
 @pytest.fixture

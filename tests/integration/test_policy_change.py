@@ -10,6 +10,7 @@ import pytest
 
 from gov import Governor, Message, PolicyError
 from gov import policy as policy_mod
+from gov.testing import Clock
 from gov.users import set_user_cap
 
 WITHOUT_P2 = policy_mod.default_policy_text().replace(
@@ -21,14 +22,6 @@ consumes = ["P1", "P2"]
 ttl = "24h"
 urgency = "low"
 ''', "").replace('consumes = ["P1", "P2", "P3"]', 'consumes = ["P1", "P3"]')
-
-
-class Clock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -16,34 +15,13 @@ import pytest
 from gov import Governor, InvalidMessage, Message
 from gov import policy as policy_mod
 from gov.delivery.runner import Dispatcher
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import VapidSigner
 from gov.hold.release import Releaser
-from gov.testing import PushService
+from gov.testing import Clock, PushService
 from gov.users import set_quiet_hours, set_time_zone
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SUBJECT = "mailto:push-ops@example.com"
-
-
-class Clock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@pytest.fixture
-def signer(tmp_path: Path) -> VapidSigner:
-    generate_keypair(tmp_path / "vapid.pem")
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(tmp_path / "vapid.pem"), "GOV_VAPID_SUBJECT": SUBJECT})
-
-
-@pytest.fixture
-def push(signer: VapidSigner) -> Iterator[PushService]:
-    # the push service checks VAPID exp against its own clock: keep it on wall time
-    with PushService(expected_public_key=signer.public_key) as service:
-        yield service
 
 
 @pytest.fixture

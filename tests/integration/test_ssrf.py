@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +20,7 @@ from gov import Governor, InvalidSubscription, Message
 from gov.cli import main
 from gov.delivery.runner import Dispatcher
 from gov.delivery.subscription import b64url_encode
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import VapidSigner
 from gov.testing import PushService
 
 SUBJECT = "mailto:push-ops@example.com"
@@ -44,19 +42,6 @@ HOSTILE = [
     "https://push.example.com:8443/x",
     "http://127.0.0.1:8080/push/x",
 ]
-
-
-@pytest.fixture
-def signer(tmp_path: Path) -> VapidSigner:
-    path = tmp_path / "vapid.pem"
-    generate_keypair(path)
-    return VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(path), "GOV_VAPID_SUBJECT": SUBJECT})
-
-
-@pytest.fixture
-def push(signer: VapidSigner) -> Iterator[PushService]:
-    with PushService(expected_public_key=signer.public_key) as service:
-        yield service
 
 
 @pytest.fixture(autouse=True)
