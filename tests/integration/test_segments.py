@@ -222,7 +222,8 @@ def test_refresh_classifies_with_an_explicit_clock(governor: Governor, conn: psy
 
 def test_refresh_follows_the_policys_rules(governor: Governor, conn: psycopg.Connection[Any]) -> None:
     _population(governor, conn)
-    apply_policy(conn, policy_mod.default_policy_text() + '\n[segments]\nengaged_within = "21d"\ndormant_after = "50d"\n')
+    rules = '\n[segments]\nengaged_within = "21d"\ndormant_after = "50d"\n'
+    apply_policy(conn, policy_mod.default_policy_text() + rules)
     with conn.transaction():
         refresh(conn, T0)
     got = segments(conn)
