@@ -86,6 +86,7 @@ DECLARE
     v_action  text;
     v_free_at timestamptz;
     v_segment text;
+    v_seg_key text;
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -117,6 +118,9 @@ BEGIN
         -- The user's segment, read under the user's lock: it chooses the windows of each
         -- consumed tier when the policy has that segment's (gov.segment_caps).
         SELECT u.segment INTO v_segment FROM gov.users u WHERE u.user_id = p_user_id;
+        -- '' (no segment's name) for none: the rule query then has one shape for every
+        -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
+        v_seg_key := coalesce(v_segment, '');
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
         IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -140,63 +144,62 @@ BEGIN
             -- Most specific first: topic, then the consumed tiers (own tier first, then
             -- downward), then global. A user's own cap replaces a default only when lower.
             -- A consumed tier's windows are the user's segment's when the policy gives
-            -- that segment windows for the tier, else the tier's own. A user's own cap over
-            -- a window the segment's windows lack still holds (the least of the two
-            -- where both exist): segment windows never lift a user's own limit.
+            -- that segment windows for the tier (gov.segment_caps), else the tier's own.
+            -- A user's own cap over a window those segment windows lack still holds, on
+            -- its own: segment windows never lift a user's own limit.
             FOR r_rule IN
-                SELECT y.budget, y.window_ms, y.cap, y.rule_name, y.scope
+                SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope
                   FROM (
-                        SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope,
-                               x.ord1, x.ord2
-                          FROM (
-                                SELECT 'topic:' || p_topic AS budget, c.window_ms, c.cap,
-                                       'topic_cap_' || c.window_ms || 'ms' AS rule_name, 'topic' AS scope,
-                                       1 AS ord1, 0 AS ord2
-                                  FROM gov.caps c
-                                 WHERE p_topic IS NOT NULL AND c.scope = 'topic'
-                                   AND c.topic = CASE WHEN EXISTS (SELECT 1 FROM gov.caps o
-                                                                    WHERE o.scope = 'topic' AND o.topic = p_topic)
-                                                      THEN p_topic ELSE '*' END
-                                UNION ALL
-                                SELECT 'global', c.window_ms, c.cap,
-                                       'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
-                                  FROM gov.caps c
-                                 WHERE c.scope = 'global'
-                               ) x
-                          LEFT JOIN gov.user_caps uc
-                                 ON uc.user_id = p_user_id AND uc.scope = x.scope AND uc.window_ms = x.window_ms
+                        SELECT 'topic:' || p_topic AS budget, c.window_ms, c.cap,
+                               'topic_cap_' || c.window_ms || 'ms' AS rule_name, 'topic' AS scope,
+                               1 AS ord1, 0 AS ord2
+                          FROM gov.caps c
+                         WHERE p_topic IS NOT NULL AND c.scope = 'topic'
+                           AND c.topic = CASE WHEN EXISTS (SELECT 1 FROM gov.caps o
+                                                            WHERE o.scope = 'topic' AND o.topic = p_topic)
+                                              THEN p_topic ELSE '*' END
                         UNION ALL
-                        SELECT tc.consumes, w.window_ms, w.cap,
-                               'cap_' || w.window_ms || 'ms', tc.consumes,
+                        SELECT tc.consumes, c.window_ms, c.cap,
+                               'cap_' || c.window_ms || 'ms', tc.consumes,
                                2, CASE WHEN tc.consumes = p_tier THEN -100
                                        ELSE -substr(tc.consumes, 2)::int END
                           FROM gov.tier_consumes tc
-                         CROSS JOIN LATERAL (
-                                SELECT coalesce(d.window_ms, uc.window_ms) AS window_ms,
-                                       least(d.cap, uc.cap) AS cap
-                                  FROM (SELECT sc.window_ms, sc.cap
-                                          FROM gov.segment_caps sc
-                                         WHERE sc.tier = tc.consumes AND sc.segment = v_segment
-                                        UNION ALL
-                                        SELECT c.window_ms, c.cap
-                                          FROM gov.caps c
-                                         WHERE c.scope = tc.consumes AND c.topic = ''
-                                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s2
-                                                            WHERE s2.tier = tc.consumes
-                                                              AND s2.segment = v_segment)
-                                       ) d
-                                  FULL JOIN (SELECT u.window_ms, u.cap
-                                               FROM gov.user_caps u
-                                              WHERE u.user_id = p_user_id AND u.scope = tc.consumes
-                                                -- only a cap with a default to lower (the tier's
-                                                -- or a segment's window), as the guard admits
-                                                AND gov.user_cap_ceiling(u.scope, u.window_ms) IS NOT NULL
-                                            ) uc
-                                         ON uc.window_ms = d.window_ms
-                               ) w
+                          JOIN gov.caps c ON c.scope = tc.consumes AND c.topic = ''
                          WHERE tc.tier = p_tier
-                       ) y
-                 ORDER BY y.ord1, y.ord2, y.window_ms
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                        UNION ALL
+                        SELECT tc.consumes, sc.window_ms, sc.cap,
+                               'cap_' || sc.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.segment_caps sc ON sc.tier = tc.consumes AND sc.segment = v_seg_key
+                         WHERE tc.tier = p_tier
+                        UNION ALL
+                        SELECT tc.consumes, uo.window_ms, uo.cap,
+                               'cap_' || uo.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.user_caps uo ON uo.user_id = p_user_id AND uo.scope = tc.consumes
+                         WHERE tc.tier = p_tier
+                           AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                        WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key
+                                              AND s.window_ms = uo.window_ms)
+                           -- only a cap with a default to lower, as the guard admits
+                           AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL
+                        UNION ALL
+                        SELECT 'global', c.window_ms, c.cap,
+                               'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
+                          FROM gov.caps c
+                         WHERE c.scope = 'global'
+                       ) x
+                  LEFT JOIN gov.user_caps uc
+                         ON uc.user_id = p_user_id AND uc.scope = x.scope AND uc.window_ms = x.window_ms
+                 ORDER BY x.ord1, x.ord2, x.window_ms
             LOOP
                 SELECT count(*) INTO v_used
                   FROM gov.sends s
