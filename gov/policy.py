@@ -30,8 +30,16 @@ MAX_DURATION_MS = 366 * 86_400_000  # milliseconds: no window, TTL or wait is lo
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _TIER_NAME = re.compile(r"^P[0-9]$")
-_TIER_KEYS = {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency"}
+_TIER_KEYS = {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency", "segments"}
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+#: A segment's name, as gov.users.segment and gov.segment_caps check it.
+SEGMENT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+#: The segments `gov segments refresh` assigns from the policy's [segments] rules. Any
+#: other name is the app's own: refresh leaves a user the app put in one alone.
+RULE_SEGMENTS = ("engaged", "casual", "dormant")
+DEFAULT_ENGAGED_MS = 7 * 86_400_000  # a click within this: engaged
+DEFAULT_DORMANT_MS = 30 * 86_400_000  # no click for this (and known this long): dormant
+_SEGMENT_RULE_KEYS = {"engaged_within", "dormant_after"}
 
 
 @dataclass(frozen=True, order=True)
@@ -52,6 +60,13 @@ class Tier:
     urgency: str = "normal"
     consumes: tuple[str, ...] = ()
     windows: tuple[Window, ...] = ()
+    #: (segment, windows) pairs sorted by segment: for a user of that segment these
+    #: windows replace ``windows`` (``[tiers.P2.segments.dormant]``).
+    segments: tuple[tuple[str, tuple[Window, ...]], ...] = ()
+
+    def windows_for(self, segment: str | None) -> tuple[Window, ...]:
+        """The windows a user of ``segment`` (None: no segment) is held to in this tier."""
+        return dict(self.segments).get(segment or "", self.windows)
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,8 @@ class Policy:
     quiet_start: time | None = None
     quiet_end: time | None = None
     jitter_ms: int = 0
+    segment_engaged_ms: int = DEFAULT_ENGAGED_MS
+    segment_dormant_ms: int = DEFAULT_DORMANT_MS
 
     def to_toml(self) -> str:
         """The canonical text of this policy: what `gov policy show` prints and diffs."""
@@ -79,6 +96,10 @@ class Policy:
             out.append(f'ttl = "{format_duration(tier.ttl_s * 1000)}"')
             out.append(f'urgency = "{tier.urgency}"')
             out.append("")
+            for segment, windows in tier.segments:
+                out.append(f"[tiers.{tier.name}.segments.{segment}]")
+                out.append(f"windows = {_windows_toml(windows)}")
+                out.append("")
         if self.topics:
             out.append("[topics]")
             for topic in sorted(self.topics):
@@ -96,6 +117,10 @@ class Policy:
             if self.jitter_ms:
                 out.append(f'jitter = "{format_duration(self.jitter_ms)}"')
             out.append("")
+        out.append("[segments]")
+        out.append(f'engaged_within = "{format_duration(self.segment_engaged_ms)}"')
+        out.append(f'dormant_after = "{format_duration(self.segment_dormant_ms)}"')
+        out.append("")
         return "\n".join(out)
 
     def warnings(self) -> list[str]:
@@ -104,7 +129,15 @@ class Policy:
         for tier in sorted(self.tiers.values(), key=lambda t: t.name):
             if tier.on_exceed != "collapse":
                 continue
-            longest = max((w.window_ms for c in tier.consumes for w in self.tiers[c].windows), default=0)
+            longest = max(
+                (
+                    w.window_ms
+                    for c in tier.consumes
+                    for ws in (self.tiers[c].windows, *(sw for _, sw in self.tiers[c].segments))
+                    for w in ws
+                ),
+                default=0,
+            )
             if tier.ttl_s * 1000 <= longest:
                 out.append(
                     f"tier {tier.name}: ttl {format_duration(tier.ttl_s * 1000)} is not longer than its "
@@ -235,10 +268,10 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     def refuse(section: str | None, key: str | None, reason: str) -> _Refusal:
         return _Refusal(where.line(section, key), reason)
 
-    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours"}
+    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours", "segments"}
     if unknown:
         key = sorted(unknown)[0]
-        raise refuse(key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours)")
+        raise refuse(key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours, segments)")
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
         raise refuse(None, "tiers", "the policy must define at least one tier under [tiers.<name>]")
@@ -293,9 +326,12 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
                 section, "urgency", f'tier {name}: urgency "high" wakes devices; only an exempt tier may use it'
             )
         if exempt:
-            for key in ("windows", "on_exceed", "defer_max", "consumes"):
+            for key in ("windows", "on_exceed", "defer_max", "consumes", "segments"):
                 if key in raw:
-                    raise refuse(section, key, f"tier {name} is exempt: it cannot have {key}")
+                    at: tuple[str, str | None] = (section, key)
+                    if key == "segments" and isinstance(raw[key], dict) and raw[key]:
+                        at = f"{section}.segments.{sorted(raw[key])[0]}", None  # its table's header
+                    raise refuse(*at, f"tier {name} is exempt: it cannot have {key}")
             tiers[name] = Tier(name, exempt=True, ttl_s=ttl_ms // 1000, urgency=urgency)
             continue
         verb = raw.get("on_exceed")
@@ -320,6 +356,28 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
             raise refuse(section, "consumes", f"tier {name}: consumes must include {name} itself")
         if len(set(consumes)) != len(consumes):
             raise refuse(section, "consumes", f"tier {name}: consumes lists a tier twice")
+        raw_segments = raw.get("segments", {})
+        if not isinstance(raw_segments, dict):
+            raise refuse(section, "segments", f"tier {name}: segments must be tables [tiers.{name}.segments.<name>]")
+        segments = []
+        for segment, raw_segment in sorted(raw_segments.items()):
+            seg_section = f"{section}.segments.{segment}"
+            if not SEGMENT_NAME.match(segment):
+                raise refuse(
+                    seg_section, None,
+                    f"tier {name}: segment name {segment!r} must be a lower-case letter, then up to 31 of "
+                    "a-z, 0-9, _ or -",
+                )
+            if not isinstance(raw_segment, dict) or set(raw_segment) != {"windows"}:
+                raise refuse(seg_section, None, f"tier {name} segment {segment}: takes exactly `windows`")
+            seg_windows = windows(raw_segment["windows"], seg_section, "windows", f"tier {name} segment {segment}")
+            if not seg_windows:
+                raise refuse(
+                    seg_section, "windows",
+                    f"tier {name} segment {segment}: give at least one window (an empty list would leave "
+                    "the segment on the tier's own windows)",
+                )
+            segments.append((segment, seg_windows))
         tiers[name] = Tier(
             name,
             on_exceed=verb,
@@ -328,6 +386,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
             urgency=urgency,
             consumes=tuple(sorted(consumes)),
             windows=windows(raw.get("windows", []), section, "windows", f"tier {name}"),
+            segments=tuple(segments),
         )
     for tier in tiers.values():
         for consumed in tier.consumes:
@@ -364,6 +423,20 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         jitter_ms = parse_duration(raw_quiet["jitter"], "quiet_hours jitter") if "jitter" in raw_quiet else 0
     except ValueError as exc:
         raise refuse("quiet_hours", None, str(exc)) from None
+
+    raw_rules = data.get("segments", {})
+    if not isinstance(raw_rules, dict) or set(raw_rules) - _SEGMENT_RULE_KEYS:
+        raise refuse("segments", None, "[segments] takes engaged_within and dormant_after")
+    try:
+        engaged_ms = parse_duration(raw_rules.get("engaged_within", DEFAULT_ENGAGED_MS), "segments engaged_within")
+        dormant_ms = parse_duration(raw_rules.get("dormant_after", DEFAULT_DORMANT_MS), "segments dormant_after")
+    except ValueError as exc:
+        raise refuse("segments", None, str(exc)) from None
+    if dormant_ms < engaged_ms:
+        raise refuse(
+            "segments", "dormant_after",
+            "[segments] dormant_after must be at least engaged_within (a user cannot be both engaged and dormant)",
+        )
     # Invariant 4: P0 is exempt by structure. A policy without it, or with it capped,
     # deferred or collapsed, would let a one-time passcode be suppressed.
     if "P0" not in tiers:
@@ -371,7 +444,7 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     if not tiers["P0"].exempt:
         raise refuse("tiers.P0", None, "tier P0 (transactional) must be exempt = true: it is never capped, "
                                        "deferred or quieted")
-    return Policy(tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms)
+    return Policy(tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms)
 
 
 def default_policy_text() -> str:
@@ -401,6 +474,9 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
             topics.setdefault(topic, []).append(Window(window_ms, cap))
         else:
             tier_windows.setdefault(scope, []).append(Window(window_ms, cap))
+    segment_windows: dict[str, dict[str, list[Window]]] = {}
+    for tier, segment, window_ms, cap in conn.execute(q("policy_segment_caps")).fetchall():
+        segment_windows.setdefault(tier, {}).setdefault(segment, []).append(Window(window_ms, cap))
     tiers = {
         name: Tier(
             name,
@@ -411,11 +487,16 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
             urgency=urgency,
             consumes=tuple(sorted(consumes.get(name, []))),
             windows=tuple(sorted(tier_windows.get(name, []))),
+            segments=tuple(
+                (segment, tuple(sorted(ws))) for segment, ws in sorted(segment_windows.get(name, {}).items())
+            ),
         )
         for name, exempt, verb, defer_max, ttl, urgency in tiers_rows
     }
     settings = conn.execute(q("policy_settings")).fetchone()
-    quiet_start, quiet_end, jitter_ms = settings if settings else (None, None, 0)
+    quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms = (
+        settings if settings else (None, None, 0, DEFAULT_ENGAGED_MS, DEFAULT_DORMANT_MS)
+    )
     return Policy(
         tiers,
         {t: tuple(sorted(w)) for t, w in topics.items()},
@@ -423,6 +504,8 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
         quiet_start,
         quiet_end,
         jitter_ms,
+        engaged_ms,
+        dormant_ms,
     )
 
 
@@ -464,6 +547,7 @@ def apply(
                 f"{name}:{line}: the policy removes tier(s) {', '.join(r.tier for r in retired)} while messages "
                 f"of them wait ({what}); apply with --drop-held to drop them (reason tier_removed)"
             )
+    conn.execute(q("clear_segment_caps"))
     conn.execute(q("clear_caps"))
     conn.execute(q("clear_consumes"))
     conn.execute(q("clear_tiers"))
@@ -502,9 +586,23 @@ def apply(
         ]
         if caps:
             cur.executemany(q("insert_cap"), caps)
+        segment_caps = [
+            {"tier": t.name, "segment": segment, "window_ms": w.window_ms, "cap": w.cap}
+            for t in policy.tiers.values()
+            for segment, ws in t.segments
+            for w in ws
+        ]
+        if segment_caps:
+            cur.executemany(q("insert_segment_cap"), segment_caps)
     conn.execute(
         q("upsert_settings"),
-        {"quiet_start": policy.quiet_start, "quiet_end": policy.quiet_end, "jitter_ms": policy.jitter_ms},
+        {
+            "quiet_start": policy.quiet_start,
+            "quiet_end": policy.quiet_end,
+            "jitter_ms": policy.jitter_ms,
+            "segment_engaged_ms": policy.segment_engaged_ms,
+            "segment_dormant_ms": policy.segment_dormant_ms,
+        },
     )
     conn.execute(q("record_policy_version"), {"source": source})
     return retired

@@ -93,3 +93,27 @@ def set_quiet_hours(conn: psycopg.Connection[Any], user_id: str, window: tuple[t
                     "give one too (--tz Europe/Berlin)"
                 )
         conn.execute(q("set_user_quiet_hours"), {"user_id": user_id, "start": start, "end": end})
+
+
+def set_segment(conn: psycopg.Connection[Any], user_id: str, segment: str | None) -> None:
+    """Put ``user_id`` in ``segment`` (None: in none), the app's own choice.
+
+    A name other than engaged, casual or dormant is the app's own: ``gov segments
+    refresh`` leaves that user alone. One of those three (or None) is overwritten by the
+    next refresh, from the policy's [segments] rules. Runs in ``conn``'s transaction.
+    """
+    from gov.policy import SEGMENT_NAME
+
+    _check_user(user_id)
+    if segment is not None and (not isinstance(segment, str) or not SEGMENT_NAME.match(segment)):
+        raise PolicyError(
+            f"segment {segment!r}: expected a lower-case letter, then up to 31 of a-z, 0-9, _ or -"
+        )
+    with translate_errors(), conn.transaction():
+        conn.execute(q("set_user_segment"), {"user_id": user_id, "segment": segment})
+
+
+def segment_of(conn: psycopg.Connection[Any], user_id: str) -> str | None:
+    """The segment ``user_id`` is in now (None: none, or a user gov has not seen)."""
+    row = conn.execute(q("user_segment"), {"user_id": user_id}).fetchone()
+    return row[0] if row else None

@@ -46,9 +46,9 @@ GRANT USAGE ON SCHEMA gov TO {role};
 
 -- name: grant_analyst_select
 GRANT SELECT ON gov.push_suppressions, gov.push_events, gov.messages, gov.sends,
-                gov.tiers, gov.tier_consumes, gov.caps,
+                gov.tiers, gov.tier_consumes, gov.caps, gov.segment_caps,
                 gov.campaign_shortfall, gov.suppressions_daily, gov.revocation_suspects,
-                gov.deferred, gov.deferral_outcomes
+                gov.deferred, gov.deferral_outcomes, gov.segment_suppressions_daily, gov.segment_sizes
    TO {role};
 
 -- name: grant_analyst_subscription_columns

@@ -17,8 +17,14 @@ SELECT tier, consumes FROM gov.tier_consumes ORDER BY tier, consumes;
 -- name: policy_caps
 SELECT scope, topic, window_ms, cap FROM gov.caps ORDER BY scope, topic, window_ms;
 
+-- name: policy_segment_caps
+SELECT tier, segment, window_ms, cap FROM gov.segment_caps ORDER BY tier, segment, window_ms;
+
 -- name: policy_settings
-SELECT quiet_start, quiet_end, jitter_ms FROM gov.settings;
+SELECT quiet_start, quiet_end, jitter_ms, segment_engaged_ms, segment_dormant_ms FROM gov.settings;
+
+-- name: clear_segment_caps
+DELETE FROM gov.segment_caps;
 
 -- name: clear_caps
 DELETE FROM gov.caps;
@@ -40,12 +46,17 @@ INSERT INTO gov.tier_consumes (tier, consumes) VALUES (%(tier)s, %(consumes)s);
 INSERT INTO gov.caps (scope, topic, window_ms, cap)
 VALUES (%(scope)s, %(topic)s, %(window_ms)s, %(cap)s);
 
+-- name: insert_segment_cap
+INSERT INTO gov.segment_caps (tier, segment, window_ms, cap)
+VALUES (%(tier)s, %(segment)s, %(window_ms)s, %(cap)s);
+
 -- name: upsert_settings
-INSERT INTO gov.settings (id, quiet_start, quiet_end, jitter_ms)
-VALUES (true, %(quiet_start)s, %(quiet_end)s, %(jitter_ms)s)
+INSERT INTO gov.settings (id, quiet_start, quiet_end, jitter_ms, segment_engaged_ms, segment_dormant_ms)
+VALUES (true, %(quiet_start)s, %(quiet_end)s, %(jitter_ms)s, %(segment_engaged_ms)s, %(segment_dormant_ms)s)
 ON CONFLICT (id) DO UPDATE
    SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end,
-       jitter_ms = excluded.jitter_ms;
+       jitter_ms = excluded.jitter_ms, segment_engaged_ms = excluded.segment_engaged_ms,
+       segment_dormant_ms = excluded.segment_dormant_ms;
 
 -- name: record_policy_version
 INSERT INTO gov.policy_versions (source) VALUES (%(source)s);

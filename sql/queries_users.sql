@@ -1,5 +1,5 @@
 -- Named statements of a user's own settings: caps that lower the defaults, time zone,
--- quiet hours, and topic opt-outs (the preference centre).
+-- quiet hours, topic opt-outs (the preference centre), and segments.
 -- Format (gov/queries.py): one statement per "-- name: <name>" block; values are always
 -- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
 
@@ -43,3 +43,13 @@ DELETE FROM gov.user_topic_optouts WHERE user_id = %(user_id)s;
 -- name: add_user_topic_optout
 INSERT INTO gov.user_topic_optouts (user_id, topic) VALUES (%(user_id)s, %(topic)s)
 ON CONFLICT (user_id, topic) DO NOTHING;
+
+-- name: set_user_segment
+INSERT INTO gov.users (user_id, segment) VALUES (%(user_id)s, %(segment)s)
+ON CONFLICT (user_id) DO UPDATE SET segment = excluded.segment, updated_at = clock_timestamp();
+
+-- name: user_segment
+SELECT segment FROM gov.users WHERE user_id = %(user_id)s;
+
+-- name: refresh_segments
+SELECT segment, users, changed FROM gov.refresh_segments_v1(%(now)s);

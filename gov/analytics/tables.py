@@ -55,6 +55,7 @@ push_suppressions = Table(
     Column("cap", Integer),
     Column("retry_after_ms", BigInteger),
     Column("created_at", _TZ, nullable=False),
+    Column("segment", Text),  # the user's segment when decided (None: none)
 )
 
 messages = Table(
@@ -121,6 +122,16 @@ caps = Table(
     Column("cap", Integer, nullable=False),
 )
 
+#: A tier's windows for one user segment's users: they replace the tier's own for them.
+segment_caps = Table(
+    "segment_caps",
+    metadata,
+    Column("tier", Text, primary_key=True),
+    Column("segment", Text, primary_key=True),
+    Column("window_ms", BigInteger, primary_key=True),
+    Column("cap", Integer, nullable=False),
+)
+
 # ---------------------------------------------------------------- views (read only)
 
 campaign_shortfall = Table(
@@ -159,6 +170,26 @@ revocation_suspects = Table(
     Column("last_accepted_at", _TZ),
     Column("last_display_at", _TZ),
     Column("live_subscriptions", BigInteger),
+    info={"view": True},
+)
+
+segment_suppressions_daily = Table(
+    "segment_suppressions_daily",
+    metadata,
+    Column("day", Date),
+    Column("tier", sa.String(4)),
+    Column("segment", Text),
+    Column("blocked_by", Text),
+    Column("suppressed", BigInteger),
+    Column("users", BigInteger),
+    info={"view": True},
+)
+
+segment_sizes = Table(
+    "segment_sizes",
+    metadata,
+    Column("segment", Text),
+    Column("users", BigInteger),
     info={"view": True},
 )
 

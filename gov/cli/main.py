@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("gov.cli.ops:prune", 'Delete what no window can see any more, in small batches (run from cron).'),
     "release": ("gov.cli.delivery:release", 'Release deferred, quiet-held and collapsed messages whose time has come.'),
     "report": ("gov.cli.ops:report", 'Reports for analysts: fatigue by send volume, revocation suspects.'),
+    "segments": (
+        "gov.cli.segments:segments",
+        "User segments: classify users as engaged, casual or dormant from the policy's rules.",
+    ),
     "send": ("gov.cli.send:send", 'Send one message through the governor; print {"sent": …} as JSON.'),
     "send-campaign": (
         "gov.cli.send:send_campaign",
@@ -56,7 +60,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gov.cli.send:subscribe",
         "Store a browser's PushSubscription JSON (FILE, or - for stdin) for a user.",
     ),
-    "user": ("gov.cli.users:user", "A user's own settings: time zone, quiet hours, lower caps."),
+    "user": ("gov.cli.users:user", "A user's own settings: time zone, quiet hours, lower caps, segment."),
     "vapid": ("gov.cli.delivery:vapid", "VAPID keys: the server's identity towards push services."),
 }
 

@@ -1,4 +1,4 @@
-"""`gov user`: a user's own time zone, quiet hours and lower caps."""
+"""`gov user`: a user's own time zone, quiet hours, lower caps and segment."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gov.errors import GovError
 
 @click.group("user")
 def user() -> None:
-    """A user's own settings: time zone, quiet hours, lower caps."""
+    """A user's own settings: time zone, quiet hours, lower caps, segment."""
 
 
 @user.command("set")
@@ -18,9 +18,15 @@ def user() -> None:
 @option("--tz", default=None, help="IANA time zone (e.g. Europe/Berlin); quiet hours apply in it.")
 @option("--quiet", default=None, help='Quiet hours in local time, e.g. "22:00-08:00"; "default" for the policy\'s.')
 @option("--cap", "caps", multiple=True, help='A lower cap, SCOPE:WINDOW=N, e.g. "P2:24h=1" (repeatable).')
+@option("--segment", default=None,
+        help='Put the user in a segment (e.g. "vip"; "none" for none). A name other than engaged, casual or '
+             "dormant is the app's own: `gov segments refresh` leaves the user alone.")
 @url_option
-def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, ...], database_url: str | None) -> None:
-    """Set a user's time zone, quiet hours and own (lower) caps, all or nothing."""
+def user_set(
+    user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, ...], segment: str | None,
+    database_url: str | None,
+) -> None:
+    """Set a user's time zone, quiet hours, own (lower) caps and segment, all or nothing."""
     from gov import users
     from gov.policy import parse_duration
 
@@ -40,4 +46,6 @@ def user_set(user_id: str, tz: str | None, quiet: str | None, caps: tuple[str, .
             users.set_quiet_hours(conn, user_id, quiet_window)
         for scope, window_ms, cap in parsed_caps:
             users.set_user_cap(conn, user_id, scope, window_ms, cap)
+        if segment is not None:
+            users.set_segment(conn, user_id, None if segment == "none" else segment)
     click.echo(f"gov: user {user_id} updated", err=True)

@@ -62,9 +62,34 @@ CREATE TABLE gov.settings (
     jitter_ms     bigint  NOT NULL DEFAULT 0,
     -- set by gov.prune_sends_v1: send rows from before this may have been deleted
     pruned_before timestamptz,
+    -- the policy's [segments] rules (gov.refresh_segments_v1): engaged = a click within
+    -- segment_engaged_ms; dormant = no click for segment_dormant_ms; else casual
+    segment_engaged_ms bigint NOT NULL DEFAULT 604800000,
+    segment_dormant_ms bigint NOT NULL DEFAULT 2592000000,
     CONSTRAINT settings_single_row CHECK (id),
     CONSTRAINT settings_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL)),
-    CONSTRAINT settings_jitter_not_negative CHECK (jitter_ms >= 0)
+    CONSTRAINT settings_jitter_not_negative CHECK (jitter_ms >= 0),
+    CONSTRAINT settings_segment_rules_ordered
+        CHECK (segment_engaged_ms > 0 AND segment_dormant_ms >= segment_engaged_ms)
+);
+
+-- A tier's windows for the users of one segment (`[tiers.P2.segments.dormant]`). For a
+-- user whose segment (gov.users.segment) has rows here for a tier, these rows REPLACE
+-- that tier's own windows in gov.caps; every other user gets the tier's own. A table of
+-- its own rather than a segment column on gov.caps: gov.caps also holds topic and global
+-- caps, which have no segment, and its readers (the user-cap guard, the what-if replay,
+-- analysts) keep meaning exactly what they meant; the foreign key removes a tier's
+-- segment windows with the tier. The exempt P0 is never capped, for a segment neither.
+CREATE TABLE gov.segment_caps (
+    tier      text    NOT NULL REFERENCES gov.tiers ON DELETE CASCADE,
+    segment   text    NOT NULL,
+    window_ms bigint  NOT NULL,
+    cap       integer NOT NULL,
+    PRIMARY KEY (tier, segment, window_ms),
+    CONSTRAINT segment_caps_not_p0 CHECK (tier <> 'P0'),
+    CONSTRAINT segment_caps_segment_name CHECK (segment ~ '^[a-z][a-z0-9_-]{0,31}$'),
+    CONSTRAINT segment_caps_window_positive CHECK (window_ms > 0),
+    CONSTRAINT segment_caps_cap_not_negative CHECK (cap >= 0)
 );
 
 -- Every applied policy, as the TOML text that was applied: the audit trail.
@@ -158,6 +183,9 @@ CREATE TABLE gov.push_suppressions (
     cap            integer,
     retry_after_ms bigint,
     created_at     timestamptz NOT NULL DEFAULT now(),
+    -- the user's segment when decided (NULL: none); with segment caps in the policy, the
+    -- windows that blocked were that segment's
+    segment        text,
     CONSTRAINT push_suppressions_action_known CHECK (action IN ('drop', 'defer', 'collapse'))
 );
 CREATE INDEX idx_suppressions_campaign ON gov.push_suppressions (campaign_id, blocked_by);

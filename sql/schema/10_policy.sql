@@ -4,17 +4,30 @@
 
 -- ---------------------------------------------------------------- a user's own caps
 
+-- The highest default a user's own cap for (scope, window) can lower: the policy's cap
+-- for that window (a tier's own, or the "*" topic cap), or, for a tier, the highest of
+-- its segments' caps over that window; NULL when the policy has no such window. A user
+-- cap is always applied as the least of it and the default in force, so it never raises
+-- anything; this is what it is checked against when it is written.
+CREATE FUNCTION gov.user_cap_ceiling(p_scope text, p_window_ms bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT max(d.cap)
+      FROM (SELECT c.cap FROM gov.caps c
+             WHERE c.scope = p_scope AND c.window_ms = p_window_ms
+               AND c.topic = CASE WHEN p_scope = 'topic' THEN '*' ELSE '' END
+            UNION ALL
+            SELECT sc.cap FROM gov.segment_caps sc
+             WHERE sc.tier = p_scope AND sc.window_ms = p_window_ms) d
+$$;
+
 -- Refuse a user cap that would raise a default (invariant 6), naming the offender.
 CREATE FUNCTION gov.user_caps_only_lower() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_default integer;
 BEGIN
-    SELECT c.cap INTO v_default
-      FROM gov.caps c
-     WHERE c.scope = NEW.scope AND c.window_ms = NEW.window_ms
-       AND c.topic = CASE WHEN NEW.scope = 'topic' THEN '*' ELSE '' END;
-    IF NOT FOUND THEN
+    v_default := gov.user_cap_ceiling(NEW.scope, NEW.window_ms);
+    IF v_default IS NULL THEN
         RAISE EXCEPTION 'user % : no default % cap over a % ms window to lower',
             NEW.user_id, NEW.scope, NEW.window_ms
             USING ERRCODE = 'GV002';
@@ -90,4 +103,66 @@ BEGIN
     SELECT DISTINCT q.user_id, q.message_id, q.tier, 'tier_removed', 'drop', q.campaign_id, q.topic, 'policy', v_now
       FROM queued q;
 END;
+$$;
+
+-- ---------------------------------------------------------------- segments
+
+-- `gov segments refresh`: set gov.users.segment from the policy's [segments] rules, as
+-- of p_now, for every user with a subscription (live or retired) or a decision, in one
+-- statement (user rows are created as needed). With the rules in gov.settings:
+--   engaged  a click (gov.push_events, event 'click') within segment_engaged_ms
+--   dormant  no click within segment_dormant_ms, and known to gov at least that long
+--            (first subscription or first decision, whichever came first): a user who
+--            never clicked but subscribed 30+ days ago is dormant
+--   casual   everyone else (a newcomer who has not clicked yet, say)
+-- Only events and subscriptions up to p_now count, so a replay at an explicit clock
+-- classifies as it would have then. A user whose segment the app set to a name of its
+-- own (anything but engaged, casual, dormant) is left alone: the app owns that user's
+-- segment until it sets it back to none (NULL). Returns per rule-based segment the
+-- users now in it and how many of them changed.
+CREATE FUNCTION gov.refresh_segments_v1(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (segment text, users bigint, changed bigint)
+LANGUAGE sql AS $$
+    WITH clock AS (
+        SELECT coalesce(p_now, clock_timestamp()) AS t,
+               coalesce((SELECT s.segment_engaged_ms FROM gov.settings s), 604800000) AS engaged_ms,
+               coalesce((SELECT s.segment_dormant_ms FROM gov.settings s), 2592000000) AS dormant_ms
+    ),
+    known AS (
+        SELECT k.user_id, min(k.since) AS since
+          FROM (SELECT s.user_id, s.created_at AS since FROM gov.subscriptions s
+                UNION ALL
+                SELECT m.user_id, min(m.decided_at) FROM gov.messages m GROUP BY m.user_id) k
+         CROSS JOIN clock
+         WHERE k.since <= clock.t
+         GROUP BY k.user_id
+    ),
+    classified AS (
+        SELECT k.user_id, old.segment AS old_segment,
+               CASE WHEN lc.at > clock.t - clock.engaged_ms * interval '1 millisecond' THEN 'engaged'
+                    WHEN coalesce(lc.at, k.since) <= clock.t - clock.dormant_ms * interval '1 millisecond'
+                         THEN 'dormant'
+                    ELSE 'casual' END AS segment
+          FROM known k
+         CROSS JOIN clock
+          LEFT JOIN LATERAL (SELECT max(e.created_at) AS at FROM gov.push_events e
+                              WHERE e.user_id = k.user_id AND e.event = 'click'
+                                AND e.created_at <= clock.t) lc ON true
+          LEFT JOIN gov.users old ON old.user_id = k.user_id
+         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')
+    ),
+    written AS (
+        INSERT INTO gov.users AS u (user_id, segment)
+        SELECT c.user_id, c.segment FROM classified c
+        ON CONFLICT (user_id) DO UPDATE
+           SET segment = excluded.segment,
+               updated_at = CASE WHEN u.segment IS DISTINCT FROM excluded.segment
+                                 THEN clock_timestamp() ELSE u.updated_at END
+         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')
+        RETURNING u.user_id, u.segment
+    )
+    SELECT w.segment, count(*), count(*) FILTER (WHERE c.old_segment IS DISTINCT FROM w.segment)
+      FROM written w JOIN classified c ON c.user_id = w.user_id
+     GROUP BY w.segment
+     ORDER BY w.segment;
 $$;

@@ -85,6 +85,8 @@ DECLARE
     v_scope   text;
     v_action  text;
     v_free_at timestamptz;
+    v_segment text;
+    v_seg_key text;
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -113,6 +115,12 @@ BEGIN
     END IF;
 
     IF NOT v_tier.exempt THEN
+        -- The user's segment, read under the user's lock: it chooses the windows of each
+        -- consumed tier when the policy has that segment's (gov.segment_caps).
+        SELECT u.segment INTO v_segment FROM gov.users u WHERE u.user_id = p_user_id;
+        -- '' (no segment's name) for none: the rule query then has one shape for every
+        -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
+        v_seg_key := coalesce(v_segment, '');
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
         IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -135,6 +143,10 @@ BEGIN
         ELSE
             -- Most specific first: topic, then the consumed tiers (own tier first, then
             -- downward), then global. A user's own cap replaces a default only when lower.
+            -- A consumed tier's windows are the user's segment's when the policy gives
+            -- that segment windows for the tier (gov.segment_caps), else the tier's own.
+            -- A user's own cap over a window those segment windows lack still holds, on
+            -- its own: segment windows never lift a user's own limit.
             FOR r_rule IN
                 SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope
                   FROM (
@@ -154,6 +166,31 @@ BEGIN
                           FROM gov.tier_consumes tc
                           JOIN gov.caps c ON c.scope = tc.consumes AND c.topic = ''
                          WHERE tc.tier = p_tier
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                        UNION ALL
+                        SELECT tc.consumes, sc.window_ms, sc.cap,
+                               'cap_' || sc.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.segment_caps sc ON sc.tier = tc.consumes AND sc.segment = v_seg_key
+                         WHERE tc.tier = p_tier
+                        UNION ALL
+                        SELECT tc.consumes, uo.window_ms, uo.cap,
+                               'cap_' || uo.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.user_caps uo ON uo.user_id = p_user_id AND uo.scope = tc.consumes
+                         WHERE tc.tier = p_tier
+                           AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                        WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key
+                                              AND s.window_ms = uo.window_ms)
+                           -- only a cap with a default to lower, as the guard admits
+                           AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL
                         UNION ALL
                         SELECT 'global', c.window_ms, c.cap,
                                'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
@@ -205,9 +242,9 @@ BEGIN
                         v_rule, v_used, v_cap, v_msg.retry_after_ms, v_now);
                 INSERT INTO gov.push_suppressions (user_id, message_id, tier, blocked_by, action,
                                                    campaign_id, topic, blocked_scope, used, cap,
-                                                   retry_after_ms, created_at)
+                                                   retry_after_ms, created_at, segment)
                 VALUES (p_user_id, p_message_id, p_tier, v_rule, v_action, p_campaign_id, p_topic,
-                        v_scope, v_used, v_cap, v_msg.retry_after_ms, v_now);
+                        v_scope, v_used, v_cap, v_msg.retry_after_ms, v_now, v_segment);
             END IF;
             RETURN QUERY SELECT false, v_action, v_rule, v_used, v_cap, v_msg.retry_after_ms, false;
             RETURN;

@@ -295,6 +295,22 @@ SELECT (ps.created_at AT TIME ZONE 'UTC')::date AS day, ps.tier,
   FROM gov.push_suppressions ps
  GROUP BY (ps.created_at AT TIME ZONE 'UTC')::date, ps.tier;
 
+-- Suppressions per UTC day, tier, user segment (as it was when decided; NULL: none) and
+-- blocking rule: with segment caps, which segments the caps hold back, and by what.
+CREATE VIEW gov.segment_suppressions_daily AS
+SELECT (ps.created_at AT TIME ZONE 'UTC')::date AS day, ps.tier, ps.segment, ps.blocked_by,
+       count(*) AS suppressed,
+       count(DISTINCT ps.user_id) AS users
+  FROM gov.push_suppressions ps
+ GROUP BY (ps.created_at AT TIME ZONE 'UTC')::date, ps.tier, ps.segment, ps.blocked_by;
+
+-- How many users each segment holds now (NULL: none), without naming anyone: gov.users
+-- itself is not granted to analysts.
+CREATE VIEW gov.segment_sizes AS
+SELECT u.segment, count(*) AS users
+  FROM gov.users u
+ GROUP BY u.segment;
+
 -- Deferral outcomes for analysts: per day held, tier, kind and state (with the reason).
 CREATE VIEW gov.deferral_outcomes AS
 SELECT date_trunc('day', d.enqueued_at AT TIME ZONE 'UTC')::date AS day,
@@ -313,7 +329,8 @@ SELECT date_trunc('day', d.enqueued_at AT TIME ZONE 'UTC')::date AS day,
 --
 -- It changes nothing, whoever calls it: the replay runs under stand-in user ids (so no
 -- real user's lock is taken and no real row is touched), seeded with each user's real
--- sends from before the window, own caps and settings; and it runs inside a block that
+-- sends from before the window, own caps, settings and current segment (so the policy's
+-- segment caps apply to each as they would today); and it runs inside a block that
 -- ends by raising, which rolls every write of the replay back. Only the verdicts,
 -- kept in local variables, survive. A tier the policy no longer defines replays as
 -- refused with reason 'unknown_tier'.
@@ -376,18 +393,21 @@ BEGIN
           FROM gov.sends s
          WHERE s.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
            AND s.sent_at <= v_from
-           AND s.sent_at > v_from - (SELECT coalesce(max(c.window_ms), 0) FROM gov.caps c)
+           AND s.sent_at > v_from - (SELECT coalesce(max(w.window_ms), 0)
+                                       FROM (SELECT c.window_ms FROM gov.caps c
+                                             UNION ALL
+                                             SELECT sc.window_ms FROM gov.segment_caps sc) w)
                                     * interval '1 millisecond';
         -- their own caps, where the policy has a default to lower (none, no effect)
         INSERT INTO gov.user_caps (user_id, scope, window_ms, cap)
-        SELECT v_tag || uc.user_id, uc.scope, uc.window_ms, least(uc.cap, c.cap)
+        SELECT v_tag || uc.user_id, uc.scope, uc.window_ms,
+               least(uc.cap, gov.user_cap_ceiling(uc.scope, uc.window_ms))
           FROM gov.user_caps uc
-          JOIN gov.caps c ON c.scope = uc.scope AND c.window_ms = uc.window_ms
-                         AND c.topic = CASE WHEN uc.scope = 'topic' THEN '*' ELSE '' END
-         WHERE uc.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid));
-        -- and their time zone and quiet hours
-        INSERT INTO gov.users (user_id, time_zone, quiet_start, quiet_end)
-        SELECT v_tag || su.user_id, su.time_zone, su.quiet_start, su.quiet_end
+         WHERE uc.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
+           AND gov.user_cap_ceiling(uc.scope, uc.window_ms) IS NOT NULL;
+        -- and their time zone, quiet hours and segment
+        INSERT INTO gov.users (user_id, time_zone, quiet_start, quiet_end, segment)
+        SELECT v_tag || su.user_id, su.time_zone, su.quiet_start, su.quiet_end, su.segment
           FROM gov.users su
          WHERE su.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid));
 

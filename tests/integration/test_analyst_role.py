@@ -19,11 +19,12 @@ import sqlalchemy as sa
 from psycopg import errors, sql
 from sqlalchemy.dialects import postgresql
 
-from gov import Governor, Message
+from gov import Governor, Message, policy
 from gov.analytics import tables as analytics
 from gov.cli.db import grant_analyst_role
 from gov.db import sqlalchemy_url
 from gov.testing import PushService
+from gov.users import set_segment
 from tests.integration.test_report import seed_fatigue, seed_suppressions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "analysts.md"
@@ -58,6 +59,15 @@ def seeded(db_url: str) -> datetime:
         for i in range(7):
             gov.send(Message(user_id="busy", id=f"mention-{i}", tier="P1", title="@you"), deliver=False,
                      at=now - timedelta(hours=20) + timedelta(hours=3 * (i == 6), minutes=i))
+        # a dormant user held to the policy's dormant P2 window: one a week
+        with psycopg.connect(db_url, autocommit=True) as c, c.transaction():
+            text = policy.default_policy_text() + (
+                '\n[tiers.P2.segments.dormant]\nwindows = [{ window = "7d", cap = 1 }]\n'
+            )
+            policy.apply(c, policy.parse_policy(text), text)
+            set_segment(c, "sleepy", "dormant")
+        for i in range(2):
+            gov.decide(Message(user_id="sleepy", id=f"winback-{i}", tier="P2"), at=now - timedelta(hours=2 - i))
     return now
 
 
@@ -193,7 +203,11 @@ def test_sqlalchemy_tables_match_the_database(seeded: datetime, db_url: str, ana
             assert [s.user_id for s in suspects] == ["d1"]
             sd = analytics.suppressions_daily
             daily = c.execute(sa.select(sd.c.suppressed).where(sd.c.tier == "P2")).scalar_one()
-            assert daily == 2
+            assert daily == 3  # seed_suppressions' two and the dormant user's second win-back
+            ssd = analytics.segment_suppressions_daily
+            by_segment = c.execute(sa.select(ssd.c.segment, ssd.c.blocked_by).where(ssd.c.tier == "P2")
+                                   .where(ssd.c.segment.is_not(None))).all()
+            assert [tuple(r) for r in by_segment] == [("dormant", "cap_604800000ms")]
     finally:
         engine.dispose()
 

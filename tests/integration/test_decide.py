@@ -297,6 +297,45 @@ def test_twenty_way_race_gives_exactly_two(db_url: str, conn: psycopg.Connection
             c.close()
 
 
+# Each segment its own P2 cap over its own window (none: the tier's 2 a day), so a race
+# that used the wrong segment's windows, or none, would allow the wrong count.
+SEGMENT_RACE_POLICY = policy_mod.default_policy_text() + """
+[tiers.P2.segments.engaged]
+windows = [{ window = "24h", cap = 5 }]
+[tiers.P2.segments.casual]
+windows = [{ window = "24h", cap = 3 }, { window = "7d", cap = 4 }]
+[tiers.P2.segments.dormant]
+windows = [{ window = "7d", cap = 1 }]
+"""
+SEGMENT_RACE_CAPS = {"engaged": 5, "casual": 3, "dormant": 1, None: 2}
+
+
+@pytest.mark.parametrize("segment", ["engaged", "casual", "dormant", None], ids=str)
+def test_twenty_way_race_is_exact_for_a_user_of_each_segment(
+    db_url: str, conn: psycopg.Connection[Any], segment: str | None
+) -> None:
+    """The same race for a user of each segment: 20 connections released together against
+    that segment's cap allow exactly the cap, spend it once, and log the rest."""
+    apply_policy(conn, SEGMENT_RACE_POLICY)
+    cap = SEGMENT_RACE_CAPS[segment]
+    conns = [psycopg.connect(db_url, autocommit=True) for _ in range(RACERS)]
+    try:
+        for round_no in range(ROUNDS):
+            user = f"{segment}-{round_no}"
+            conn.execute("INSERT INTO gov.users (user_id, segment) VALUES (%s, %s)", (user, segment))
+            results = race_once(conns, user)
+            assert len(results) == RACERS
+            assert results.count(True) == cap, f"{segment} round {round_no}: {results.count(True)} allowed"
+            for budget in ("P1", "P2"):
+                assert count(conn, "SELECT count(*) FROM gov.sends WHERE user_id = %s AND budget = %s",
+                             user, budget) == cap
+            assert count(conn, "SELECT count(*) FROM gov.push_suppressions WHERE user_id = %s AND cap = %s "
+                               "AND segment IS NOT DISTINCT FROM %s", user, cap, segment) == RACERS - cap
+    finally:
+        for c in conns:
+            c.close()
+
+
 def test_topic_opt_out_drops_whatever_the_verb(governor: Governor, conn: psycopg.Connection[Any]) -> None:
     conn.execute("INSERT INTO gov.user_topic_optouts (user_id, topic) VALUES ('u', 'promos')")
     for tier in ("P1", "P2", "P3"):

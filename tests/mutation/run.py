@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON = ROOT / ".venv" / "bin" / "python"
+# the checkout's own venv; from a git worktree without one, the interpreter running this script
+PYTHON = ROOT / ".venv" / "bin" / "python" if (ROOT / ".venv").exists() else Path(sys.executable)
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,13 @@ MUTANTS = [
         "the decision takes the user's own cap instead of least(default, user)",
         (
             ("sql/schema/20_decide.sql", "least(x.cap, uc.cap) AS cap", "coalesce(uc.cap, x.cap) AS cap", 1),
-            ("sql/migrations/0006_queue_analytics.sql", "least(x.cap, uc.cap) AS cap",
+            ("sql/migrations/0013_segment_caps.sql", "least(x.cap, uc.cap) AS cap",
              "coalesce(uc.cap, x.cap) AS cap", 1),
         ),
-        ("tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",),
+        (
+            "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
+            "tests/integration/test_segments.py::test_a_users_own_cap_lowers_the_segment_cap_and_never_raises",
+        ),
     ),
     Mutant(
         "b_defer_max_ignored_at_release",
@@ -94,6 +98,33 @@ MUTANTS = [
             "tests/integration/test_claim_specs.py::test_two_runners_never_block_on_or_share_an_outbox_row",
             "tests/integration/test_claim_specs.py::test_a_runner_that_rolls_back_leaves_its_rows_to_the_other",
         ),
+    ),
+    Mutant(
+        "f_segment_windows_ignored",
+        "decide_core holds every user to the tier's own windows, whatever their segment",
+        (
+            ("sql/schema/20_decide.sql", "v_seg_key := coalesce(v_segment, '');", "v_seg_key := '';", 1),
+            ("sql/migrations/0013_segment_caps.sql", "v_seg_key := coalesce(v_segment, '');", "v_seg_key := '';", 1),
+        ),
+        (
+            "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
+            "tests/integration/test_segments.py::test_the_decision_uses_the_users_segments_windows",
+        ),
+    ),
+    Mutant(
+        "g_refresh_overwrites_the_apps_segments",
+        "gov.refresh_segments_v1 reclassifies users the app put in a segment of its own",
+        (
+            ("sql/schema/10_policy.sql",
+             "         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+            ("sql/migrations/0013_segment_caps.sql",
+             "         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+            ("sql/schema/10_policy.sql",
+             "         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+            ("sql/migrations/0013_segment_caps.sql",
+             "         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+        ),
+        ("tests/integration/test_segments.py::test_refresh_classifies_with_an_explicit_clock",),
     ),
 ]
 

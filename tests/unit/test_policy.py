@@ -88,3 +88,84 @@ def test_a_collapse_tier_whose_ttl_cannot_outlive_its_window_is_warned_about() -
     assert default_policy().warnings() == []
     short = parse_policy(default_policy_text().replace('ttl = "8d"', 'ttl = "24h"'))
     assert [w.split(":")[0] for w in short.warnings()] == ["tier P3"]
+
+
+# ---------------------------------------------------------------- segment caps and rules
+
+SEGMENTED = default_policy_text() + """
+[tiers.P2.segments.dormant]
+windows = [{ window = "7d", cap = 2 }]
+
+[tiers.P2.segments.engaged]
+windows = [{ window = "24h", cap = 3 }, { window = "7d", cap = 8 }]
+
+[segments]
+engaged_within = "3d"
+dormant_after = "21d"
+"""
+
+
+def test_segment_caps_parse_and_replace_the_tiers_windows_for_that_segment() -> None:
+    p = parse_policy(SEGMENTED)
+    p2 = p.tiers["P2"]
+    assert [s for s, _ in p2.segments] == ["dormant", "engaged"]
+    assert [(w.window_ms, w.cap) for w in p2.windows_for("dormant")] == [(604_800_000, 2)]
+    assert [(w.window_ms, w.cap) for w in p2.windows_for("engaged")] == [(86_400_000, 3), (604_800_000, 8)]
+    # a user of another segment, or of none, keeps the tier's own windows
+    assert p2.windows_for("casual") == p2.windows == p2.windows_for(None)
+    assert p.tiers["P1"].segments == ()
+    assert (p.segment_engaged_ms, p.segment_dormant_ms) == (3 * 86_400_000, 21 * 86_400_000)
+
+
+def test_the_default_policy_has_no_segment_caps_and_the_default_rules() -> None:
+    p = default_policy()
+    assert all(t.segments == () for t in p.tiers.values())
+    assert (p.segment_engaged_ms, p.segment_dormant_ms) == (7 * 86_400_000, 30 * 86_400_000)
+
+
+def test_segment_caps_round_trip_and_show_in_the_canonical_text() -> None:
+    p = parse_policy(SEGMENTED)
+    text = p.to_toml()
+    assert '[tiers.P2.segments.dormant]\nwindows = [{ window = "7d", cap = 2 }]' in text
+    assert 'engaged_within = "3d"' in text and 'dormant_after = "21d"' in text
+    assert parse_policy(text) == p
+    assert diff(p, parse_policy(text)) == ""
+
+
+def test_diff_shows_a_segment_cap_change() -> None:
+    d = diff(default_policy(), parse_policy(SEGMENTED))
+    assert "+[tiers.P2.segments.dormant]" in d
+    assert '+windows = [{ window = "7d", cap = 2 }]' in d
+    assert '-engaged_within = "7d"' in d and '+engaged_within = "3d"' in d
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        # a segment may not cap P0 (nor any exempt tier)
+        ('[tiers.P0]\nexempt = true\n[tiers.P0.segments.dormant]\nwindows = [{ window = "7d", cap = 0 }]\n',
+         3, "is exempt: it cannot have segments"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P5]\nexempt = true\n[tiers.P5.segments.vip]\nwindows = []\n',
+         5, "is exempt: it cannot have segments"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\n[tiers.P2.segments.Dormant]\n'
+         'windows = [{ window = "7d", cap = 1 }]\n', 5, "segment name 'Dormant'"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\n[tiers.P2.segments.9lives]\n'
+         'windows = [{ window = "7d", cap = 1 }]\n', 5, "segment name '9lives'"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\n[tiers.P2.segments.dormant]\n'
+         'windows = []\n', 6, "give at least one window"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\n[tiers.P2.segments.dormant]\n'
+         'windows = [{ window = "7d", cap = 1 }]\ncap = 3\n', 5, "takes exactly `windows`"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\n[tiers.P2.segments.dormant]\n'
+         'windows = [{ window = "7d", cap = -1 }]\n', 6, "cap must be a whole number"),
+        ('[tiers.P0]\nexempt = true\n[tiers.P2]\non_exceed = "drop"\nsegments = 3\n', 5, "segments must be tables"),
+        ('[tiers.P0]\nexempt = true\n\n[segments]\nvip_within = "7d"\n', 4, "[segments] takes"),
+        ('[tiers.P0]\nexempt = true\n\n[segments]\nengaged_within = "soon"\n', 4, "expected a duration"),
+        ('[tiers.P0]\nexempt = true\n\n[segments]\nengaged_within = "30d"\ndormant_after = "7d"\n',
+         6, "dormant_after must be at least engaged_within"),
+    ],
+)
+def test_malformed_segments_name_line_and_reason(text: str, line: int, reason: str) -> None:
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text, "p.toml")
+    assert str(exc.value).startswith(f"p.toml:{line}: "), str(exc.value)
+    assert reason in str(exc.value)
