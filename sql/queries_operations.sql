@@ -30,34 +30,59 @@ SELECT user_id, message_id, tier, state FROM gov.message_states_v1(%(since)s, %(
 -- wrote, for soak runs, fault tests and operators who want proof after an incident.
 
 -- name: integrity_cap_windows
-SELECT DISTINCT window_ms FROM gov.caps ORDER BY 1;
+SELECT window_ms FROM gov.caps
+ UNION SELECT window_ms FROM gov.segment_caps
+ UNION SELECT window_ms FROM gov.user_caps
+ ORDER BY 1;
 
 -- name: integrity_over_cap
 -- For one window length: every (user, budget) whose send rows, in some window of that
--- length ending at one of its rows, outnumber the cap that applies (the policy's, lowered
--- by the user's own). A decision counts the rows newer than ``now - window`` (whatever
--- their order of commit) before it adds its own, so this holds for every row however
--- decisions interleave; the frame is ``window - 1 µs`` because the window is open at
--- its old end. Topic budgets take the topic's own caps, else those of "*", as
--- gov.decide_core does.
+-- length ending at one of its rows, outnumber the cap that applies. A decision counts the
+-- rows newer than ``now - window`` (whatever their order of commit) before it adds its
+-- own, so this holds for every row however decisions interleave; the frame is
+-- ``window - 1 µs`` because the window is open at its old end. The caps are restated
+-- here on purpose, as an independent reading of the policy: a tier's windows are the
+-- user's segment's when the policy gives that segment windows for the tier, else the
+-- tier's own; topic budgets take the topic's own caps, else those of "*"; a user's own
+-- cap lowers any of them and holds on its own. Segments are read as they are now: a
+-- user who changed segment during the checked span may be judged by the new one.
 WITH counted AS (
     SELECT s.user_id, s.budget,
            count(*) OVER (PARTITION BY s.user_id, s.budget ORDER BY s.sent_at
                           RANGE BETWEEN %(frame)s::interval PRECEDING AND CURRENT ROW) AS n
       FROM gov.sends s
 ), peaks AS (
-    SELECT user_id, budget, max(n) AS n FROM counted GROUP BY user_id, budget
+    SELECT c.user_id, c.budget, max(c.n) AS n, u.segment
+      FROM counted c LEFT JOIN gov.users u ON u.user_id = c.user_id
+     GROUP BY c.user_id, c.budget, u.segment
+), rules AS (
+    SELECT p.user_id, p.budget, c.cap
+      FROM peaks p
+      JOIN gov.caps c ON c.window_ms = %(window_ms)s AND c.topic = '' AND c.scope = p.budget
+     WHERE NOT EXISTS (SELECT 1 FROM gov.segment_caps sc WHERE sc.tier = c.scope AND sc.segment = p.segment)
+    UNION ALL
+    SELECT p.user_id, p.budget, sc.cap
+      FROM peaks p
+      JOIN gov.segment_caps sc ON sc.window_ms = %(window_ms)s AND sc.tier = p.budget AND sc.segment = p.segment
+    UNION ALL
+    SELECT p.user_id, p.budget, c.cap
+      FROM peaks p
+      JOIN gov.caps c
+        ON c.window_ms = %(window_ms)s AND c.scope = 'topic'
+       AND (p.budget = 'topic:' || c.topic
+            OR (c.topic = '*' AND left(p.budget, 6) = 'topic:'
+                AND NOT EXISTS (SELECT 1 FROM gov.caps o WHERE o.scope = 'topic' AND p.budget = 'topic:' || o.topic)))
+    UNION ALL
+    SELECT p.user_id, p.budget, uc.cap
+      FROM peaks p
+      JOIN gov.user_caps uc ON uc.window_ms = %(window_ms)s AND uc.user_id = p.user_id AND uc.scope = p.budget
+), applied AS (
+    SELECT user_id, budget, min(cap) AS cap FROM rules GROUP BY user_id, budget
 )
-SELECT p.user_id, p.budget, c.window_ms, p.n, least(c.cap, uc.cap) AS cap
+SELECT p.user_id, p.budget, %(window_ms)s::bigint AS window_ms, p.n, a.cap
   FROM peaks p
-  JOIN gov.caps c
-    ON c.window_ms = %(window_ms)s
-   AND ((c.topic = '' AND c.scope = p.budget)
-        OR (c.scope = 'topic' AND p.budget = 'topic:' || c.topic)
-        OR (c.scope = 'topic' AND c.topic = '*' AND left(p.budget, 6) = 'topic:'
-            AND NOT EXISTS (SELECT 1 FROM gov.caps o WHERE o.scope = 'topic' AND p.budget = 'topic:' || o.topic)))
-  LEFT JOIN gov.user_caps uc ON uc.user_id = p.user_id AND uc.scope = c.scope AND uc.window_ms = c.window_ms
- WHERE p.n > least(c.cap, uc.cap)
+  JOIN applied a ON a.user_id = p.user_id AND a.budget = p.budget
+ WHERE p.n > a.cap
  ORDER BY p.user_id, p.budget;
 
 -- name: integrity_spend_mismatches

@@ -90,6 +90,13 @@ def test_the_budget_scan_finds_a_user_over_a_cap(databases: TemplateDatabases) -
             conn.execute("INSERT INTO gov.user_caps (user_id, scope, window_ms, cap) VALUES ('ok', 'P2', 10000, 0)")
             assert ("ok", "P2", 10_000, 1, 0) in {(o.user_id, o.budget, o.window_ms, o.used, o.cap)
                                                    for o in over_cap(conn)}
+            # a segment's windows replace the tier's: in a segment allowed 3 per 10 s, 'over' is within
+            conn.execute("INSERT INTO gov.segment_caps (tier, segment, window_ms, cap) VALUES ('P2', 'loose', 10000, 3)")
+            conn.execute("INSERT INTO gov.users (user_id, segment) VALUES ('over', 'loose')")
+            assert "over" not in {o.user_id for o in over_cap(conn)}
+            conn.execute("UPDATE gov.segment_caps SET cap = 1")
+            assert ("over", "P2", 10_000, 2, 1) in {(o.user_id, o.budget, o.window_ms, o.used, o.cap)
+                                                     for o in over_cap(conn)}
             # and those rows spent without any decision: the spend check names them
             assert {(u, m) for u, m, *_ in spend_mismatches(conn)} >= {("over", "a"), ("over", "b")}
         assert not check_integrity(url, datetime(2025, 1, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)).ok
