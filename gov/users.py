@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import time
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -13,6 +14,7 @@ from gov.errors import PolicyError
 from gov.message import MAX_ID_LENGTH
 from gov.queries import q
 
+_SEGMENT = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # as the database's users_segment_name
 _KNOWN_ZONES: set[str] = set()  # zones the database said it knows (zone data changes only with an upgrade)
 
 
@@ -93,3 +95,13 @@ def set_quiet_hours(conn: psycopg.Connection[Any], user_id: str, window: tuple[t
                     "give one too (--tz Europe/Berlin)"
                 )
         conn.execute(q("set_user_quiet_hours"), {"user_id": user_id, "start": start, "end": end})
+
+
+def set_segment(conn: psycopg.Connection[Any], user_id: str, segment: str | None) -> None:
+    """Put ``user_id`` in the app's ``segment`` (None: in none). A user is in one segment at
+    most; a name is 1–32 of a-z, 0-9, ``_`` and ``-``, starting with a letter (else PolicyError)."""
+    _check_user(user_id)
+    if segment is not None and not _SEGMENT.fullmatch(segment):
+        raise PolicyError(f"invalid segment {segment!r} (1-32 of a-z, 0-9, _ and -, starting with a letter)")
+    with translate_errors():
+        conn.execute(q("set_user_segment"), {"user_id": user_id, "segment": segment})

@@ -31,6 +31,10 @@ INSERT INTO gov.users (user_id, quiet_start, quiet_end) VALUES (%(user_id)s, %(s
 ON CONFLICT (user_id) DO UPDATE
    SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end, updated_at = clock_timestamp();
 
+-- name: set_user_segment
+INSERT INTO gov.users (user_id, segment) VALUES (%(user_id)s, %(segment)s)
+ON CONFLICT (user_id) DO UPDATE SET segment = excluded.segment, updated_at = clock_timestamp();
+
 -- name: user_settings
 SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_id)s;
 
