@@ -55,7 +55,7 @@ GRANT USAGE ON SCHEMA gov TO {role};
 GRANT SELECT ON gov.push_suppressions, gov.push_events, gov.messages, gov.sends,
                 gov.tiers, gov.tier_consumes, gov.caps,
                 gov.campaign_shortfall, gov.suppressions_daily, gov.revocation_suspects,
-                gov.deferred, gov.deferral_outcomes
+                gov.deferred, gov.deferral_outcomes, gov.user_segments
    TO {role};
 
 -- name: grant_analyst_subscription_columns

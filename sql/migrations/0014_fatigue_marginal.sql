@@ -19,6 +19,11 @@ LANGUAGE sql IMMUTABLE AS $$
              WHERE p_trials > 0) x
 $$;
 
+-- Which segment each user is in, for analysts (gov.users holds private settings too: time
+-- zone, quiet hours). Users without a segment are left out.
+CREATE VIEW gov.user_segments AS
+SELECT u.user_id, u.segment FROM gov.users u WHERE u.segment IS NOT NULL;
+
 -- The marginal fatigue measure (docs/analysts.md): what the n-th send of a week costs and
 -- earns, per send, overall and per segment, for the sends accepted in the window
 -- (p_now - p_since, p_now]. Definitions:
@@ -31,7 +36,8 @@ $$;
 --                the event names if it is an accepted send at or before it, else the last
 --                send before it. Sends after the charged one are left out (a user who left
 --                can neither click nor leave again)
---   segment      gov.users.segment; '(none)' for users without one; '*' is every user
+--   segment      gov.users.segment (through gov.user_segments, which analysts may read);
+--                '(none)' for users without one; '*' is every user
 --   groups       positions ascending, merged upward until a group holds p_min_sends
 --                sends; a last group short of it joins the one before
 --   rates        clicks / sends and unsubscribes / sends, each with its 95 % Wilson interval
@@ -110,7 +116,7 @@ LANGUAGE sql STABLE AS $$
                coalesce(n.rn = c.rn, false) AS unsubscribed
           FROM numbered n CROSS JOIN bounds w
           LEFT JOIN charged c ON c.user_id = n.user_id
-          LEFT JOIN gov.users u ON u.user_id = n.user_id
+          LEFT JOIN gov.user_segments u ON u.user_id = n.user_id
          WHERE n.at > w.t_start AND (c.rn IS NULL OR n.rn <= c.rn)
     ),
     per_position AS (

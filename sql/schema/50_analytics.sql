@@ -218,6 +218,11 @@ $$;
 
 -- ---------------------------------------------------------------- the marginal fatigue measure
 
+-- Which segment each user is in, for analysts (gov.users holds private settings too: time
+-- zone, quiet hours). Users without a segment are left out.
+CREATE VIEW gov.user_segments AS
+SELECT u.user_id, u.segment FROM gov.users u WHERE u.segment IS NOT NULL;
+
 -- The 95 % Wilson score interval of a proportion: p_successes out of p_trials (NULLs
 -- when p_trials is 0). Good near 0 and with few trials, where the normal interval is not.
 CREATE FUNCTION gov.wilson_interval_v1(
@@ -247,7 +252,8 @@ $$;
 --                the event names if it is an accepted send at or before it, else the last
 --                send before it. Sends after the charged one are left out (a user who left
 --                can neither click nor leave again)
---   segment      gov.users.segment; '(none)' for users without one; '*' is every user
+--   segment      gov.users.segment (through gov.user_segments, which analysts may read);
+--                '(none)' for users without one; '*' is every user
 --   groups       positions ascending, merged upward until a group holds p_min_sends
 --                sends; a last group short of it joins the one before
 --   rates        clicks / sends and unsubscribes / sends, each with its 95 % Wilson interval
@@ -326,7 +332,7 @@ LANGUAGE sql STABLE AS $$
                coalesce(n.rn = c.rn, false) AS unsubscribed
           FROM numbered n CROSS JOIN bounds w
           LEFT JOIN charged c ON c.user_id = n.user_id
-          LEFT JOIN gov.users u ON u.user_id = n.user_id
+          LEFT JOIN gov.user_segments u ON u.user_id = n.user_id
          WHERE n.at > w.t_start AND (c.rn IS NULL OR n.rn <= c.rn)
     ),
     per_position AS (
