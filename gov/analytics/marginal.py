@@ -27,7 +27,8 @@ from rich.table import Table
 from gov.analytics.events import as_source
 from gov.queries import q
 
-Z95 = 1.959963984540054  # the two-sided 95 % normal quantile
+Z95 = 1.959963984540054  # the two-sided 95 % normal quantile: the Wilson intervals shown
+CONFIRM_Z = Z95  # the bound of (unsubscribe rate - click rate) that confirms a crossover
 DEFAULT_SINCE = timedelta(days=28)
 DEFAULT_MIN_SENDS = 200  # sends a group of positions must hold before it stands on its own
 OVERALL = "*"  # the segment name of the row set over every user
@@ -66,14 +67,27 @@ def difference_low(unsubscribes: float, clicks: float, sends: float, z: float = 
     return (pu - pc) - math.sqrt((pu - u_low) ** 2 + (c_high - pc) ** 2)
 
 
-def sends_to_decide(unsubscribes: float, clicks: float, sends: float, z: float = Z95) -> int:
-    """About how many more sends, at these rates, before the interval of the difference
-    clears zero (normal approximation; at least 1). Only for unsubscribes > clicks."""
-    pu, pc = unsubscribes / sends, clicks / sends
-    if pu <= pc:
+def sends_to_decide(unsubscribes: int, clicks: int, sends: int, z: float = CONFIRM_Z) -> int:
+    """How many more sends, at these rates, before :func:`difference_low` clears zero: the
+    smallest m for which the counts scaled to ``sends + m`` confirm it (0: confirmed
+    already), as gov.sends_to_decide_v1. Only for unsubscribes > clicks."""
+    if sends <= 0 or unsubscribes <= clicks:
         raise ValueError("no amount of data confirms a crossover the rates do not show")
-    needed = z * z * (pu + pc - (pu - pc) ** 2) / (pu - pc) ** 2
-    return max(1, math.ceil(needed) - int(sends))
+    if difference_low(unsubscribes, clicks, sends, z) > 0:
+        return 0
+    pu, pc = unsubscribes / sends, clicks / sends
+
+    def enough(more: int) -> bool:
+        n = sends + more
+        return difference_low(pu * n, pc * n, n, z) > 0
+
+    low, high = 0, 1
+    while not enough(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
 
 
 def merge_positions(sends: Iterable[tuple[int, float]], min_sends: int) -> list[tuple[int, int]]:
@@ -102,7 +116,7 @@ class Verdict:
     more_sends: int | None = None  # with NOT_ENOUGH_DATA
 
 
-def decide(groups: Sequence[tuple[float, float, float]], z: float = Z95) -> Verdict:
+def decide(groups: Sequence[tuple[int, int, int]], z: float = CONFIRM_Z) -> Verdict:
     """The crossover rule over groups of (sends, clicks, unsubscribes), positions ascending.
 
     A group *confirms* a crossover when the 95 % lower bound of its unsubscribe rate minus

@@ -224,10 +224,11 @@ CREATE VIEW gov.user_segments AS
 SELECT u.user_id, u.segment FROM gov.users u WHERE u.segment IS NOT NULL;
 
 -- The 95 % Wilson score interval of a proportion: p_successes out of p_trials (NULLs
--- when p_trials is 0). Good near 0 and with few trials, where the normal interval is not.
+-- when p_trials is 0; counts may be fractional, for projections). Good near 0 and with
+-- few trials, where the normal interval is not. Another p_z, another confidence.
 CREATE FUNCTION gov.wilson_interval_v1(
-    p_successes bigint,
-    p_trials    bigint,
+    p_successes double precision,
+    p_trials    double precision,
     p_z         double precision DEFAULT 1.959963984540054,
     OUT low     double precision,
     OUT high    double precision
@@ -235,9 +236,66 @@ CREATE FUNCTION gov.wilson_interval_v1(
 LANGUAGE sql IMMUTABLE AS $$
     SELECT (x.p + x.z2 / (2 * x.n) - p_z * sqrt(x.p * (1 - x.p) / x.n + x.z2 / (4 * x.n * x.n))) / (1 + x.z2 / x.n),
            (x.p + x.z2 / (2 * x.n) + p_z * sqrt(x.p * (1 - x.p) / x.n + x.z2 / (4 * x.n * x.n))) / (1 + x.z2 / x.n)
-      FROM (SELECT p_successes::double precision / p_trials AS p, p_trials::double precision AS n,
-                   p_z * p_z AS z2
+      FROM (SELECT p_successes / p_trials AS p, p_trials AS n, p_z * p_z AS z2
              WHERE p_trials > 0) x
+$$;
+
+-- The lower confidence bound of (p_unsubscribes - p_clicks) / p_sends, the unsubscribe rate
+-- minus the click rate of the same sends: Newcombe's hybrid score interval, from the Wilson
+-- bounds of the two rates at p_z. Above 0: the unsubscribe rate is the higher one.
+CREATE FUNCTION gov.difference_low_v1(
+    p_unsubscribes double precision,
+    p_clicks       double precision,
+    p_sends        double precision,
+    p_z            double precision DEFAULT 1.959963984540054
+) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_unsubscribes - p_clicks) / p_sends
+           - sqrt((p_unsubscribes / p_sends - u.low) ^ 2 + (c.high - p_clicks / p_sends) ^ 2)
+      FROM gov.wilson_interval_v1(p_unsubscribes, p_sends, p_z) u,
+           gov.wilson_interval_v1(p_clicks, p_sends, p_z) c
+$$;
+
+-- How many more sends, at the same rates, before gov.difference_low_v1 rises above 0: the
+-- smallest m for which the counts scaled to p_sends + m confirm it (bisection). NULL when
+-- the unsubscribe rate is not above the click rate (no amount of data would confirm it),
+-- 0 when it is confirmed already.
+CREATE FUNCTION gov.sends_to_decide_v1(
+    p_unsubscribes bigint,
+    p_clicks       bigint,
+    p_sends        bigint,
+    p_z            double precision DEFAULT 1.959963984540054
+) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_pu  double precision;
+    v_pc  double precision;
+    v_lo  bigint := 0;  -- not enough (or none needed)
+    v_hi  bigint := 1;  -- enough
+    v_mid bigint;
+BEGIN
+    IF p_sends IS NULL OR p_sends <= 0 OR p_unsubscribes <= p_clicks THEN
+        RETURN NULL;
+    END IF;
+    IF gov.difference_low_v1(p_unsubscribes, p_clicks, p_sends, p_z) > 0 THEN
+        RETURN 0;
+    END IF;
+    v_pu := p_unsubscribes::double precision / p_sends;
+    v_pc := p_clicks::double precision / p_sends;
+    WHILE NOT gov.difference_low_v1(v_pu * (p_sends + v_hi), v_pc * (p_sends + v_hi), p_sends + v_hi, p_z) > 0 LOOP
+        v_lo := v_hi;
+        v_hi := v_hi * 2;
+    END LOOP;
+    WHILE v_hi - v_lo > 1 LOOP
+        v_mid := (v_lo + v_hi) / 2;
+        IF gov.difference_low_v1(v_pu * (p_sends + v_mid), v_pc * (p_sends + v_mid), p_sends + v_mid, p_z) > 0 THEN
+            v_hi := v_mid;
+        ELSE
+            v_lo := v_mid;
+        END IF;
+    END LOOP;
+    RETURN v_hi;
+END;
 $$;
 
 -- The marginal fatigue measure (docs/analysts.md): what the n-th send of a week costs and
@@ -370,18 +428,17 @@ LANGUAGE sql STABLE AS $$
     ),
     rated AS (
         SELECT g.*, g.clicks::double precision / g.sends AS pc, g.unsubscribes::double precision / g.sends AS pu,
-               ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high
+               ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high,
+               gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.959963984540054) AS d_low,
+               g.unsubscribes > g.clicks AS above
           FROM grouped g
          CROSS JOIN LATERAL gov.wilson_interval_v1(g.clicks, g.sends) ci
          CROSS JOIN LATERAL gov.wilson_interval_v1(g.unsubscribes, g.sends) ui
     ),
     tested AS (
         SELECT r.*,
-               (r.pu - r.pc) - sqrt((r.pu - r.u_low) ^ 2 + (r.c_high - r.pc) ^ 2) AS d_low,
-               r.unsubscribes > r.clicks AS above,
-               CASE WHEN r.unsubscribes > r.clicks THEN
-                   greatest(1, ceil(3.841458820694124 * (r.pu + r.pc - (r.pu - r.pc) ^ 2) / (r.pu - r.pc) ^ 2)
-                               - r.sends)::bigint END AS short_by
+               CASE WHEN r.above AND NOT r.d_low > 0
+                    THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.959963984540054) END AS short_by
           FROM rated r
     ),
     confirmed AS (

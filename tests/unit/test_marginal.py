@@ -79,13 +79,18 @@ def test_unsubscribes_ahead_without_the_interval_saying_so_is_not_enough_data() 
     verdict = decide([(1000, 100, 0), (1000, 60, 10), (300, 9, 12)])
     assert verdict.verdict == NOT_ENOUGH_DATA and verdict.group is None
     assert verdict.more_sends == sends_to_decide(12, 9, 300)
-    # about that many more sends at the same rates decide it (the estimate is a normal
-    # approximation of the score interval: a quarter more is plenty); half of them do not
+    # that many more sends at the same rates decide it, one fewer does not
     more = verdict.more_sends or 0
     assert more > 0
-    for extra, decided in ((more * 1.25, True), (more * 0.5, False)):
+
+    def confirmed(extra: int) -> bool:
         n = 300 + extra
-        assert (difference_low(12 / 300 * n, 9 / 300 * n, n) > 0) is decided
+        return difference_low(12 / 300 * n, 9 / 300 * n, n) > 0
+
+    assert confirmed(more) and not confirmed(more - 1)
+    assert sends_to_decide(80, 20, 1000) == 0  # confirmed already
+    with pytest.raises(ValueError):
+        sends_to_decide(9, 12, 300)  # clicks ahead: no amount of data confirms it
 
 
 def test_the_difference_interval_is_newcombes_from_the_wilson_bounds() -> None:
