@@ -28,9 +28,11 @@ from gov.analytics.events import as_source
 from gov.queries import q
 
 Z95 = 1.959963984540054  # the two-sided 95 % normal quantile: the Wilson intervals shown
-CONFIRM_Z = Z95  # the bound of (unsubscribe rate - click rate) that confirms a crossover
+#: The bound of (unsubscribe rate - click rate) that confirms a crossover: one-sided 95 %
+#: ("unsubscribes exceed clicks" is a one-sided claim), from the 90 % Wilson bounds
+CONFIRM_Z = 1.6448536269514722
 DEFAULT_SINCE = timedelta(days=28)
-DEFAULT_MIN_SENDS = 200  # sends a group of positions must hold before it stands on its own
+DEFAULT_MIN_SENDS = 800  # sends a group of positions must hold before it stands on its own
 OVERALL = "*"  # the segment name of the row set over every user
 NO_SEGMENT = "(none)"  # users without a gov.users.segment
 CROSSOVER = "crossover"
@@ -119,12 +121,13 @@ class Verdict:
 def decide(groups: Sequence[tuple[int, int, int]], z: float = CONFIRM_Z) -> Verdict:
     """The crossover rule over groups of (sends, clicks, unsubscribes), positions ascending.
 
-    A group *confirms* a crossover when the 95 % lower bound of its unsubscribe rate minus
-    its click rate is above zero. The crossover is then the first group of the unbroken
-    run of groups with more unsubscribes than clicks that ends at the first confirming
-    group. Without a confirming group: NOT_ENOUGH_DATA when some group has more
-    unsubscribes than clicks (``more_sends``: the fewest extra sends, at its rates, that
-    would confirm one of them), else NOT_REACHED.
+    A group *confirms* a crossover when the one-sided 95 % lower bound of its unsubscribe
+    rate minus its click rate (:func:`difference_low` at ``CONFIRM_Z``) is above zero. The
+    crossover is then the first group of the unbroken run of groups with more
+    unsubscribes than clicks that ends at the first confirming group. Without a
+    confirming group: NOT_ENOUGH_DATA when some group has more unsubscribes than clicks
+    (``more_sends``: the fewest extra sends, at its rates, that would confirm one of
+    them), else NOT_REACHED.
     """
     above = [u > c for _, c, u in groups]
     sure = next((i for i, (n, c, u) in enumerate(groups) if n > 0 and difference_low(u, c, n, z) > 0), None)

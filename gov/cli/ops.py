@@ -56,7 +56,7 @@ def report() -> None:
 @option("--since", default=None, help="The window: 28d (by position) or 7d (by volume) unless given; 24h, 90m…")
 @option("--segment", default=None, help="By volume only: a campaign id prefix, engagement counts only its messages.")
 @option("--min-sends", type=click.IntRange(1), default=None,
-        help="By position: sends a group of positions must hold (sparse positions merge upward); default 200.")
+        help="By position: sends a group of positions must hold (sparse positions merge upward); default 800.")
 @option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
 @option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
         help="Also write a self-contained HTML page with charts to this file.")

@@ -100,21 +100,22 @@ $$;
 --   groups       positions ascending, merged upward until a group holds p_min_sends
 --                sends; a last group short of it joins the one before
 --   rates        clicks / sends and unsubscribes / sends, each with its 95 % Wilson interval
---   difference_low  the 95 % lower bound of unsubscribe rate - click rate (Newcombe's
---                hybrid score interval, built from the two Wilson intervals)
+--   difference_low  the one-sided 95 % lower bound of unsubscribe rate - click rate
+--                (Newcombe's hybrid score interval from the two rates' 90 % Wilson bounds:
+--                "unsubscribes exceed clicks" is a one-sided claim)
 --   crossover    true on one group per segment: where the unsubscribe rate overtakes the
 --                click rate for good. The intervals must say so: some group's difference_low
 --                is above 0 (the first such group confirms it); the crossover is the first
 --                group of the unbroken run of groups whose unsubscribe rate exceeds their
 --                click rate that ends at the confirming group
 --   verdict      per segment: 'crossover'; 'not enough data' when some group's unsubscribe
---                rate exceeds its click rate but no interval confirms it (more_sends: about
---                how many more sends at those rates would, for the nearest such group);
+--                rate exceeds its click rate but no bound confirms it (more_sends: how many
+--                more sends at the same rates would, for the nearest such group);
 --                'not reached' when no group's does
 CREATE FUNCTION gov.fatigue_marginal_v1(
     p_since     interval    DEFAULT '28 days',
     p_now       timestamptz DEFAULT NULL,
-    p_min_sends integer     DEFAULT 200
+    p_min_sends integer     DEFAULT 800
 ) RETURNS TABLE (
     segment          text,
     group_no         integer,
@@ -214,7 +215,7 @@ LANGUAGE sql STABLE AS $$
     rated AS (
         SELECT g.*, g.clicks::double precision / g.sends AS pc, g.unsubscribes::double precision / g.sends AS pu,
                ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high,
-               gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.959963984540054) AS d_low,
+               gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.6448536269514722) AS d_low,
                g.unsubscribes > g.clicks AS above
           FROM grouped g
          CROSS JOIN LATERAL gov.wilson_interval_v1(g.clicks, g.sends) ci
@@ -223,7 +224,7 @@ LANGUAGE sql STABLE AS $$
     tested AS (
         SELECT r.*,
                CASE WHEN r.above AND NOT r.d_low > 0
-                    THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.959963984540054) END AS short_by
+                    THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.6448536269514722) END AS short_by
           FROM rated r
     ),
     confirmed AS (

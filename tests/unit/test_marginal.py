@@ -8,6 +8,7 @@ import math
 import pytest
 
 from gov.analytics.marginal import (
+    CONFIRM_Z,
     CROSSOVER,
     NOT_ENOUGH_DATA,
     NOT_REACHED,
@@ -85,7 +86,7 @@ def test_unsubscribes_ahead_without_the_interval_saying_so_is_not_enough_data() 
 
     def confirmed(extra: int) -> bool:
         n = 300 + extra
-        return difference_low(12 / 300 * n, 9 / 300 * n, n) > 0
+        return difference_low(12 / 300 * n, 9 / 300 * n, n, CONFIRM_Z) > 0
 
     assert confirmed(more) and not confirmed(more - 1)
     assert sends_to_decide(80, 20, 1000) == 0  # confirmed already
