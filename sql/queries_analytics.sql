@@ -12,6 +12,13 @@ SELECT bucket, subscribers, accepted, displays, clicks, closes, unsubscribes,
   FROM gov.fatigue_report_v1(%(since)s, %(now)s, %(segment)s)
  ORDER BY bucket;
 
+-- name: fatigue_marginal
+SELECT segment, group_no, position_from, position_to, sends, clicks, unsubscribes,
+       click_rate, click_low, click_high, unsubscribe_rate, unsubscribe_low, unsubscribe_high,
+       difference_low, crossover, verdict, more_sends
+  FROM gov.fatigue_marginal_v1(%(since)s, %(now)s, %(min_sends)s)
+ ORDER BY segment = '*' DESC, segment, group_no;
+
 -- name: revocation_suspects
 SELECT user_id, accepted, first_accepted_at, last_accepted_at, last_display_at, live_subscriptions
   FROM gov.revocation_suspects_v1(%(since)s, %(min_accepted)s, %(now)s);
@@ -48,7 +55,8 @@ GRANT USAGE ON SCHEMA gov TO {role};
 GRANT SELECT ON gov.push_suppressions, gov.push_events, gov.messages, gov.sends,
                 gov.tiers, gov.tier_consumes, gov.caps, gov.segment_caps,
                 gov.campaign_shortfall, gov.suppressions_daily, gov.revocation_suspects,
-                gov.deferred, gov.deferral_outcomes, gov.segment_suppressions_daily, gov.segment_sizes
+                gov.deferred, gov.deferral_outcomes, gov.segment_suppressions_daily, gov.segment_sizes,
+                gov.user_segments
    TO {role};
 
 -- name: grant_analyst_subscription_columns

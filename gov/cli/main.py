@@ -37,7 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("gov.cli.policy:policy_group", 'Show and apply the policy (tiers, windows, caps, quiet hours).'),
     "prune": ("gov.cli.ops:prune", 'Delete what no window can see any more, in small batches (run from cron).'),
     "release": ("gov.cli.delivery:release", 'Release deferred, quiet-held and collapsed messages whose time has come.'),
-    "report": ("gov.cli.ops:report", 'Reports for analysts: fatigue by send volume, revocation suspects.'),
+    "report": (
+        "gov.cli.ops:report",
+        'Reports for analysts: fatigue by send position (or by weekly volume), revocation suspects.',
+    ),
     "segments": (
         "gov.cli.segments:segments",
         "User segments: classify users as engaged, casual or dormant from the policy's rules.",

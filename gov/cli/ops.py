@@ -46,21 +46,71 @@ def prune(margin: str, keep_history: str, batch: int, database_url: str | None) 
 
 @click.group("report")
 def report() -> None:
-    """Reports for analysts: fatigue by send volume, revocation suspects."""
+    """Reports for analysts: fatigue by send position (or by weekly volume), revocation suspects."""
 
 
 @report.command("fatigue")
-@option("--since", default="7d", help="The trailing window: 7d, 24h, 90m…")
-@option("--segment", default=None, help="Campaign id prefix: engagement counts only its messages.")
+@option("--by", "by", type=click.Choice(["position", "volume"]), default="position",
+        help="position: the marginal measure, per send by the sends already received that week, per user "
+        "segment; volume: the seeds' weekly report, users bucketed by weekly volume (capped at 8).")
+@option("--since", default=None, help="The window: 28d (by position) or 7d (by volume) unless given; 24h, 90m…")
+@option("--segment", default=None, help="By volume only: a campaign id prefix, engagement counts only its messages.")
+@option("--min-sends", type=click.IntRange(1), default=None,
+        help="By position: sends a group of positions must hold (sparse positions merge upward); default 800.")
 @option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
 @option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
         help="Also write a self-contained HTML page with charts to this file.")
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @url_option
 def report_fatigue(
+    by: str, since: str | None, segment: str | None, min_sends: int | None, at: str | None,
+    html_file: Path | None, as_json: bool, database_url: str | None,
+) -> None:
+    """Fatigue: what one more send costs in unsubscribes and earns in clicks, with the crossover.
+
+    By position (the default): every accepted send by the sends the user had already
+    received in the 7 days before it, per send, overall and per user segment, with 95 %
+    intervals; the crossover is where unsubscribes overtake clicks for good. By volume:
+    the seeds' weekly report, users bucketed by how many sends they received.
+    """
+    if by == "volume":
+        if min_sends is not None:
+            raise GovError("--min-sends belongs to --by position")
+        _report_by_volume(since or "7d", segment, at, html_file, as_json, database_url)
+        return
+    if segment is not None:
+        raise GovError("--segment (a campaign prefix) belongs to --by volume; --by position shows every user segment")
+    from gov.analytics import marginal
+
+    result = marginal.marginal_report(
+        dsn(database_url), since=duration(since or "28d", "--since"), now=parse_at(at),
+        min_sends=min_sends or marginal.DEFAULT_MIN_SENDS,
+    )
+    if as_json:
+        click.echo(json.dumps(result.as_json(), separators=(",", ":")))
+    else:
+        console = make_console()
+        console.print(f"Marginal fatigue by send position ({marginal.window_text(result)})")
+        for measure in result.segments:
+            console.print(marginal.marginal_table(measure))
+        if not result.segments:
+            console.print("no accepted sends in the window")
+    if html_file is not None:
+        _write_page(html_file, marginal.marginal_html(result))
+
+
+def _write_page(path: Path, page: str) -> None:
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise GovError(f"cannot write {path}: {exc.strerror}") from None
+    click.echo(f"gov: report written to {path}", err=True)
+
+
+def _report_by_volume(
     since: str, segment: str | None, at: str | None, html_file: Path | None, as_json: bool, database_url: str | None
 ) -> None:
-    """The four fatigue signals by trailing-window send volume, with the crossover."""
+    """The four fatigue signals by trailing-window send volume, with the crossover bucket."""
     from gov.analytics import report as report_mod
 
     window = duration(since, "--since")
@@ -76,11 +126,7 @@ def report_fatigue(
             console.print("no accepted sends in the window")
     if html_file is not None:
         suspects = len(report_mod.revocation_suspects(url, since=window, now=when))
-        try:
-            html_file.write_text(report_mod.fatigue_html(result, suspects=suspects), encoding="utf-8")
-        except OSError as exc:
-            raise GovError(f"cannot write {html_file}: {exc.strerror}") from None
-        click.echo(f"gov: report written to {html_file}", err=True)
+        _write_page(html_file, report_mod.fatigue_html(result, suspects=suspects))
 
 
 @report.command("suspects")

@@ -84,8 +84,8 @@ def test_the_page_shows_both_series_and_the_crossover(db_url: str, tmp_path: Pat
         seed_fatigue(gov, push, now)
     page = tmp_path / "fatigue.html"
     result = subprocess.run(
-        [sys.executable, "-m", "gov.cli", "report", "fatigue", "--since", "7d", "--at", now.isoformat(),
-         "--html", str(page)],
+        [sys.executable, "-m", "gov.cli", "report", "fatigue", "--by", "volume", "--since", "7d",
+         "--at", now.isoformat(), "--html", str(page)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "GOV_DATABASE_URL": db_url},
     )
     assert result.returncode == 0, result.stderr

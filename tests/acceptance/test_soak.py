@@ -91,7 +91,8 @@ def test_the_budget_scan_finds_a_user_over_a_cap(databases: TemplateDatabases) -
             assert ("ok", "P2", 10_000, 1, 0) in {(o.user_id, o.budget, o.window_ms, o.used, o.cap)
                                                    for o in over_cap(conn)}
             # a segment's windows replace the tier's: in a segment allowed 3 per 10 s, 'over' is within
-            conn.execute("INSERT INTO gov.segment_caps (tier, segment, window_ms, cap) VALUES ('P2', 'loose', 10000, 3)")
+            conn.execute("INSERT INTO gov.segment_caps (tier, segment, window_ms, cap)"
+                         " VALUES ('P2', 'loose', 10000, 3)")
             conn.execute("INSERT INTO gov.users (user_id, segment) VALUES ('over', 'loose')")
             assert "over" not in {o.user_id for o in over_cap(conn)}
             conn.execute("UPDATE gov.segment_caps SET cap = 1")

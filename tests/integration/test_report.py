@@ -207,12 +207,14 @@ def test_cli_fatigue_json_table_and_bad_input(db_url: str, seeded: datetime, tmp
     runner = CliRunner()
     env = {"GOV_DATABASE_URL": db_url}
     at = seeded.isoformat()
-    out = runner.invoke(main, ["report", "fatigue", "--at", at, "--json"], env=env)
+    out = runner.invoke(main, ["report", "fatigue", "--by", "volume", "--at", at, "--json"], env=env)
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert data["crossover_bucket"] == 3 and [b["bucket"] for b in data["buckets"]] == [1, 2, 3, 8]
     html = tmp_path / "fatigue.html"
-    table = runner.invoke(main, ["report", "fatigue", "--at", at, "--segment", "digest-", "--html", str(html)], env=env)
+    table = runner.invoke(
+        main, ["report", "fatigue", "--by", "volume", "--at", at, "--segment", "digest-", "--html", str(html)], env=env
+    )
     assert table.exit_code == 0, table.output
     assert "crossover" in table.stdout and "digest-" in table.stdout
     assert 'data-series="unsubscribe_rate"' in html.read_text()

@@ -46,6 +46,9 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         help="A TOML policy to simulate instead of gov's default one.")
 @option("--seed", envvar="GOV_SIMULATE_SEED", type=int, default=1,
         help="One seed, one story: two runs with the same seed print the same summary.")
+@option("--tolerance", envvar="GOV_SIMULATE_TOLERANCE", type=click.FloatRange(0.1, 10.0), default=1.0,
+        help="Stretch every simulated fatigue curve along the volume axis: 2 moves every true crossover "
+        "to about twice the weekly volume.")
 @option("--html", "html_file", envvar="GOV_SIMULATE_HTML", default=None,
         type=click.Path(dir_okay=False, path_type=Path),
         help="Also write the summary to this file as a self-contained HTML page with SVG charts.")
@@ -63,6 +66,7 @@ def simulate(
     days: int,
     policy_file: Path | None,
     seed: int,
+    tolerance: float,
     html_file: Path | None,
     compare: bool,
     keep: bool,
@@ -84,7 +88,7 @@ def simulate(
                 policy_text, policy_name = policy_file.read_text(encoding="utf-8"), f"policy {policy_file.name}"
             except (OSError, UnicodeDecodeError) as exc:
                 raise GovError(f"cannot read {policy_file}: {exc}") from None
-        config = SimConfig(users=users, days=days, seed=seed, policy_text=policy_text,
+        config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, policy_text=policy_text,
                            policy_name=policy_name or "default policy")
         load_policy(config)  # a bad file is refused before anything starts
         started = time.perf_counter()

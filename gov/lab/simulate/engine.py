@@ -47,10 +47,21 @@ from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.errors import GovError
 from gov.governor import Governor
 from gov.hold.release import Releaser
-from gov.lab.simulate.story import DAY, DEFAULT_START, KINDS, Planned, SimUser, Story, population, react
+from gov.lab.simulate.story import (
+    DAY,
+    DEFAULT_START,
+    KINDS,
+    SEGMENTS,
+    Planned,
+    SimUser,
+    Story,
+    expected,
+    population,
+    react,
+)
 from gov.queries import q
 from gov.testing.postgres import scratch_database
-from gov.users import set_quiet_hours, set_time_zone
+from gov.users import set_quiet_hours, set_segment, set_time_zone
 
 SUBJECT = "mailto:simulation@gov.example"
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
@@ -71,6 +82,7 @@ class SimConfig:
     users: int = 2000
     days: int = 14
     seed: int = 1
+    tolerance: float = 1.0  # stretches every fatigue curve along the volume axis (story.probabilities)
     policy_text: str | None = None
     policy_name: str = "default policy"
     start: datetime = DEFAULT_START
@@ -101,6 +113,10 @@ class EngineStats:
     # the simulated users' own fatigue curve, the ground truth the fatigue report estimates:
     # sends already received in the trailing 7 days → [sends, clicks, unsubscribes]
     curve: dict[int, list[int]] = field(default_factory=dict)
+    # the same by the fatigue measure's definition, without the noise: (segment, position:
+    # sends already received in the trailing 7 days) → [sends, expected clicks, expected
+    # unsubscribes], summed from the dice of every delivered send (story.expected)
+    truth: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -453,6 +469,7 @@ class Engine:
                 # a user's own quiet window is a quiet-hours rule too: off when the governor is
                 if self.governed and u.quiet is not None:
                     set_quiet_hours(conn, u.user_id, u.quiet)
+                set_segment(conn, u.user_id, u.segment)  # the app knows its segments and tells gov
 
     # ------------------------------------------------------------ running
 
@@ -594,7 +611,13 @@ class Engine:
                 continue  # gone already: nothing shows up any more
             kind = KINDS[message_id.split("-", 1)[0]]
             volume = self.reader.volume(user.index, now)
-            displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume)
+            tolerance = SEGMENTS[user.segment] * self.config.tolerance
+            displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume, tolerance)
+            e_click, e_unsub = expected(kind, volume, tolerance)
+            truth = self.stats.truth.setdefault((user.segment, volume), [0, 0.0, 0.0])
+            truth[0] += 1
+            truth[1] += e_click
+            truth[2] += e_unsub
             self.reader.add(user.index, now)
             counts = self.stats.curve.setdefault(min(volume, CURVE_TOP), [0, 0, 0])  # sends, clicks, unsubscribes
             counts[0] += 1

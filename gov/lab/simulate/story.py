@@ -18,7 +18,7 @@ import hashlib
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import TypeVar
 from zoneinfo import ZoneInfo
@@ -102,6 +102,22 @@ class SimUser:
     watchlist: bool  # watches prices
     lapsed: bool  # in the lifecycle team's win-back cohort
     marketing: bool  # opted into marketing pushes (campaigns, flash sales)
+    segment: str = "casual"  # the app's own segment, told to gov (gov.users.segment); see SEGMENTS
+
+
+#: The app's segments and how much volume each tolerates: a segment's tolerance stretches
+#: its fatigue curves along the volume axis (tolerance 2 reaches the same fatigue at twice
+#: the weekly volume). Engaged users (busy, not lapsed) take more; dormant ones (the
+#: win-back cohort) give up early; everyone else is casual, on the original curves.
+SEGMENTS: dict[str, float] = {"engaged": 1.4, "casual": 1.0, "dormant": 0.7}
+ENGAGED_ACTIVITY = 1.5  # activity at or above which a user who has not lapsed is engaged
+
+
+def segment_of(activity: float, lapsed: bool) -> str:
+    """The segment the app puts a user in, from traits the story already drew."""
+    if lapsed:
+        return "dormant"
+    return "engaged" if activity >= ENGAGED_ACTIVITY else "casual"
 
 
 @dataclass(frozen=True)
@@ -151,21 +167,26 @@ def population(users: int, seed: int) -> list[SimUser]:
         zone = _pick(r, TIME_ZONES)
         home = zone if zone is not None else r.choice(HOME_ZONES)
         quiet = r.choice(OWN_QUIET_HOURS) if zone is not None and r.random() < OWN_QUIET_SHARE else None
+        # the draws below are in the population's original order, so the segments (read
+        # off traits already drawn) change nobody's traffic
+        endpoints = _pick(r, tuple(zip((1, 2, 3), ENDPOINT_WEIGHTS, strict=True)))
+        activity = min(MAX_ACTIVITY, math.exp(r.gauss(-sigma * sigma / 2, sigma)))
         out.append(
             SimUser(
                 index=i,
                 user_id=f"u{i:05d}",
-                endpoints=_pick(r, tuple(zip((1, 2, 3), ENDPOINT_WEIGHTS, strict=True))),
+                endpoints=endpoints,
                 home_zone=home,
                 time_zone=zone,
                 quiet=quiet,
-                activity=min(MAX_ACTIVITY, math.exp(r.gauss(-sigma * sigma / 2, sigma))),
+                activity=activity,
                 digest=r.random() < 0.30,
                 watchlist=r.random() < 0.35,
                 lapsed=r.random() < 0.20,
                 marketing=r.random() < 0.50,
             )
         )
+        out[-1] = replace(out[-1], segment=segment_of(out[-1].activity, out[-1].lapsed))
     return out
 
 
@@ -334,12 +355,12 @@ DISPLAY_RATE = 0.97  # the rest the OS swallowed (focus modes, muted sites)
 CLOSE_SHARE = 0.35  # of the notifications not clicked, the share dismissed by hand
 
 
-def fatigue_click_factor(volume: int) -> float:
+def fatigue_click_factor(volume: float) -> float:
     """How much of a fresh user's click probability is left after ``volume`` sends this week."""
     return 1.0 / (1.0 + (volume / 4.0) ** 1.5)
 
 
-def unsubscribe_probability(volume: int, weight: float) -> float:
+def unsubscribe_probability(volume: float, weight: float) -> float:
     """Probability that one more notification makes a user leave, after ``volume`` this week.
 
     Negligible at a handful a week, steep past ten: the crossover the fatigue report finds.
@@ -347,20 +368,41 @@ def unsubscribe_probability(volume: int, weight: float) -> float:
     return min(0.25, weight * (0.0002 + 0.0003 * (volume / 4.0) ** 4))
 
 
-def react(seed: int, user_id: str, message_id: str, kind: Kind, volume: int) -> tuple[bool, str]:
+def probabilities(kind: Kind, volume: int, tolerance: float = 1.0) -> tuple[float, float]:
+    """(P(unsubscribe), P(click)) of one displayed message after ``volume`` sends this week.
+
+    ``tolerance`` stretches both fatigue curves along the volume axis: a user of tolerance
+    2 is as tired after 10 sends as one of tolerance 1 after 5.
+    """
+    felt = volume / tolerance
+    p_unsub = unsubscribe_probability(felt, kind.unsubscribe)
+    return p_unsub, kind.click * fatigue_click_factor(felt)
+
+
+def expected(kind: Kind, volume: int, tolerance: float = 1.0) -> tuple[float, float]:
+    """(expected clicks, expected unsubscribes) of one delivered message: the dice of
+    :func:`react` without the noise (the ground truth the fatigue measure estimates)."""
+    p_unsub, p_click = probabilities(kind, volume, tolerance)
+    p_click = min(p_click, 1.0 - p_unsub)
+    return DISPLAY_RATE * p_click, DISPLAY_RATE * p_unsub
+
+
+def react(
+    seed: int, user_id: str, message_id: str, kind: Kind, volume: int, tolerance: float = 1.0
+) -> tuple[bool, str]:
     """(displayed, outcome) of one delivered message, for a user who got ``volume`` this week.
 
     The draw is keyed by (seed, user, message), not taken from a shared stream: the same
     message meets the same dice in the governed and the ungoverned run, so the two differ
-    only by the volume the user had received (common random numbers).
+    only by the volume the user had received (common random numbers). ``tolerance`` is
+    the user's (their segment's times the run's ``--tolerance``), see :func:`probabilities`.
     """
     if uniform(seed, "display", user_id, message_id) >= DISPLAY_RATE:
         return False, "ignore"
     u = uniform(seed, "react", user_id, message_id)
-    p_unsub = unsubscribe_probability(volume, kind.unsubscribe)
+    p_unsub, p_click = probabilities(kind, volume, tolerance)
     if u < p_unsub:
         return True, "unsubscribe"
-    p_click = kind.click * fatigue_click_factor(volume)
     if u < p_unsub + p_click:
         return True, "click"
     if u < p_unsub + p_click + (1 - p_unsub - p_click) * CLOSE_SHARE:

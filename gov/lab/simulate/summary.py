@@ -101,6 +101,11 @@ class Summary:
     #                                                                       held, expired) per collapse tier
     expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
+    marginal: Any = None  # gov.analytics.marginal.MarginalReport over the whole run, or None when unavailable
+    # ground truth by the marginal measure's definition: (segment, position, sends,
+    # expected clicks, expected unsubscribes), from the simulator's own dice
+    truth_positions: tuple[tuple[str, int, int, float, float], ...] = ()
+    tolerance: float = 1.0
 
     def per_week(self, value: float) -> float:
         return value * 7 / self.days
@@ -145,6 +150,18 @@ def _fatigue(source: Source, config: SimConfig) -> Any:
         return None
 
 
+def _marginal(source: Source, config: SimConfig) -> Any:
+    """The marginal fatigue measure over the whole run, or None without it."""
+    try:
+        from gov.analytics.marginal import marginal_report
+    except ImportError:
+        return None
+    try:
+        return marginal_report(source, since=config.end - config.start, now=config.end)
+    except GovError:  # the SQL function is not in this schema yet
+        return None
+
+
 def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> Summary:
     """Aggregate one finished run from its database."""
     source = Source(dsn, pool_size=1)
@@ -167,6 +184,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         except GovError:  # no telemetry table in this schema
             events = ()
         fatigue = _fatigue(source, config)
+        marginal = _marginal(source, config)
         split = tuple((str(t), *(int(x) for x in rest)) for t, *rest in source.execute(q("sim_collapse_split"), {}))
         expired_keys = tuple(
             (str(t), str(k), int(n)) for t, k, n in source.execute(q("sim_collapse_expired_by_key"), {})
@@ -198,6 +216,11 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         collapse_split=split,  # type: ignore[arg-type]
         expired_by_key=expired_keys,
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
+        marginal=marginal,
+        truth_positions=tuple(
+            (seg, pos, int(n), float(c), float(u)) for (seg, pos), (n, c, u) in sorted(stats.truth.items())
+        ),
+        tolerance=config.tolerance,
     )
 
 
@@ -302,6 +325,8 @@ def render(s: Summary) -> RenderableType:
     parts.append(_fatigue_renderable(s))
     parts.append(Text(""))
     parts.append(_truth_renderable(s))
+    parts.append(Text(""))
+    parts.append(_marginal_renderable(s))
     return Group(*parts)
 
 
@@ -353,6 +378,62 @@ def _truth_renderable(s: Summary) -> RenderableType:
     verdict = (f"one more send costs more unsubscribes than it earns clicks from {crossover} sends a week"
                if crossover else "no crossover: clicks outweigh unsubscribes at every volume reached")
     return Group(title, table, Text(verdict, style="bold"))
+
+
+OVERALL_TRUTH = "*"
+
+
+def truth_by_position(s: Summary, segment: str) -> list[tuple[int, int, float, float]]:
+    """The truth curve of one segment (``*``: everyone): (position, sends, expected clicks, expected unsubscribes)."""
+    out: dict[int, list[float]] = {}
+    for seg, pos, n, c, u in s.truth_positions:
+        if segment in (OVERALL_TRUTH, seg):
+            acc = out.setdefault(pos, [0, 0.0, 0.0])
+            acc[0] += n
+            acc[1] += c
+            acc[2] += u
+    return [(p, int(v[0]), v[1], v[2]) for p, v in sorted(out.items())]
+
+
+def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
+    """Per segment (everyone first): (segment, what the measure says, what the truth says, agree).
+
+    The truth is by the measure's own definition (gov.analytics.marginal.expected_crossover):
+    the simulator's expected clicks and unsubscribes of every delivered send, grouped into
+    the same positions, without noise. They agree when both name a crossover within one
+    position of each other, or both say it is not reached.
+    """
+    from gov.analytics.marginal import NOT_REACHED, expected_crossover
+
+    report = s.marginal
+    segments = [OVERALL_TRUTH, *sorted({seg for seg, *_ in s.truth_positions})]
+    out = []
+    for seg in segments:
+        measure = report.segment(seg)
+        truth = expected_crossover(truth_by_position(s, seg), report.min_sends)
+        said = measure.verdict_text()
+        truth_text = "not reached" if truth is None else (
+            f"crossover at position {truth[0]}" if truth[0] == truth[1] else
+            f"crossover at positions {truth[0]}–{truth[1]} (from position {truth[0]})")
+        position = measure.crossover_position
+        agree = (position is None and truth is None and measure.verdict == NOT_REACHED) or (
+            position is not None and truth is not None and abs(position - truth[0]) <= 1)
+        out.append(("all users" if seg == OVERALL_TRUTH else seg, said, truth_text, agree))
+    return out
+
+
+def _marginal_renderable(s: Summary) -> RenderableType:
+    if s.marginal is None:
+        return Text("marginal fatigue measure unavailable", style="yellow")
+    from gov.analytics.marginal import marginal_table
+
+    table = Table(title=f"Crossover by send position: the fatigue measure vs the simulated users' truth "
+                  f"(tolerance {s.tolerance:g})", title_justify="left", title_style="bold")
+    for name in ("segment", "fatigue measure (gov report fatigue)", "truth (same definition, no noise)", ""):
+        table.add_column(name)
+    for seg, said, truth_text, agree in crossover_rows(s):
+        table.add_row(seg, said, truth_text, "✓" if agree else "✗")
+    return Group(marginal_table(s.marginal.overall), table)
 
 
 def comparison(governed: Summary, off: Summary) -> tuple[Table, bool]:
