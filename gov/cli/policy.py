@@ -9,6 +9,7 @@ import click
 
 from gov.cli.common import connect, dsn, duration, option, parse_at, read_text_input, url_option
 from gov.cli.common import console as make_console
+from gov.errors import GovError
 
 
 @click.group("policy")
@@ -97,3 +98,48 @@ def whatif(file: Path, since: str, at: str | None, as_json: bool, database_url: 
             table.add_row(key, str(r.messages), str(r.allowed), str(r.would_allow), str(r.extra_suppressed),
                           str(r.freed))
         console.print(table)
+
+
+@policy_group.command("suggest")
+@option("--since", default="28d", help="The window of accepted sends the measure reads.")
+@option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
+@option("--min-sends", type=click.IntRange(1), default=None,
+        help="Sends a group of positions must hold before it stands alone; default 800.")
+@option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        help="Write the suggested policy to this file instead of stdout.")
+@url_option
+def policy_suggest(
+    since: str, at: str | None, min_sends: int | None, out_file: Path | None, database_url: str | None
+) -> None:
+    """Suggest weekly caps just below each crossover the fatigue measure confirms; change nothing.
+
+    Prints the suggested policy as TOML (or writes it to --out), and on stderr what changed
+    and why, and its diff against the stored policy. Try it with `gov policy whatif FILE`;
+    apply it with `gov policy apply FILE`.
+    """
+    from gov import policy
+    from gov.analytics import marginal
+    from gov.analytics.suggest import suggest
+
+    url = dsn(database_url)
+    report = marginal.marginal_report(
+        url, since=duration(since, "--since"), now=parse_at(at), min_sends=min_sends or marginal.DEFAULT_MIN_SENDS
+    )
+    with connect(database_url) as conn:
+        stored = policy.load_stored(conn)
+    result = suggest(stored, report)
+    for line in result.changes:
+        click.echo(f"gov: {line}", err=True)
+    for line in result.unchanged:
+        click.echo(f"gov: unchanged, {line}", err=True)
+    text = result.policy.to_toml()
+    delta = policy.diff(stored, result.policy, "stored", "suggested")
+    click.echo(delta or "# no change suggested\n", nl=False, err=True)
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        out_file.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise GovError(f"cannot write {out_file}: {exc.strerror}") from None
+    click.echo(f"gov: suggested policy written to {out_file}", err=True)

@@ -35,9 +35,8 @@ import pytest
 
 from gov import DatabaseError, Governor, GovError, Message, SendResult
 from gov.delivery.vapid import VapidSigner
-from gov.testing import PushService
+from gov.testing import Clock, PushService
 from tests.faults import (
-    Clock,
     GovProcess,
     assert_integrity,
     db_now,

@@ -23,9 +23,8 @@ import psycopg
 import pytest
 
 from gov import Governor, Message
-from gov.testing import PushService
+from gov.testing import Clock, PushService
 from tests.faults import (
-    Clock,
     GovProcess,
     assert_integrity,
     db_now,

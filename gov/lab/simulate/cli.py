@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from gov.errors import GovError
 from gov.lab.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
 from gov.lab.simulate.engine import simulate as run_simulation
 from gov.lab.simulate.summary import plural, print_summary, to_html
+from gov.lab.simulate.versus import policy_comparison, policy_verdict
 
 
 def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[int, int, EngineStats], None]:
@@ -53,8 +55,8 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         type=click.Path(dir_okay=False, path_type=Path),
         help="Also write the summary to this file as a self-contained HTML page with SVG charts.")
 @option("--compare", envvar="GOV_SIMULATE_COMPARE", is_flag=True,
-        help="Replay the same traffic with the governor off (every cap out of reach, no quiet hours) "
-        "and show both side by side.")
+        help="Replay the same traffic with the governor off (every cap out of reach, no quiet hours), or "
+        "with --policy under gov's default policy, and show both side by side.")
 @option("--keep", envvar="GOV_SIMULATE_KEEP", is_flag=True,
         help="Keep the scratch database(s) and print their URLs, to look around with SQL.")
 @option("--database-url", envvar="GOV_DATABASE_URL", default=None,
@@ -96,10 +98,14 @@ def simulate(
         runs: list[RunOutcome] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[day]}"),
                       TextColumn("{task.fields[sent]}"), TimeElapsedColumn(), console=err, transient=True) as bar:
-            for governed in (True, False) if compare else (True,):
-                label = "governed" if governed else "governor off"
+            plans = [(config, True, "governed")]
+            if compare and policy_file is not None:  # the file against gov's default policy
+                plans.append((replace(config, policy_text=None, policy_name="default policy"), True, "default policy"))
+            elif compare:  # the governor against no governor
+                plans.append((config, False, "governor off"))
+            for plan, governed, label in plans:
                 task = bar.add_task(f"simulating ({label})", total=None, day="setting up", sent="")
-                runs.append(run_simulation(server, config, governed=governed, keep=keep,
+                runs.append(run_simulation(server, plan, governed=governed, keep=keep, label=label,
                                            progress=_progress_callback(bar, task, days)))
         wall = time.perf_counter() - started
     except GovError as exc:
@@ -108,8 +114,12 @@ def simulate(
 
     out = Console() if sys.stdout.isatty() else Console(width=160)
     governed_run = runs[0].summary
-    off_run = runs[1].summary if compare else None
+    off_run = runs[1].summary if compare and policy_file is None else None
     print_summary(out, governed_run, off_run)
+    if compare and policy_file is not None:
+        out.print()
+        out.print(policy_comparison(governed_run, runs[1].summary))
+        out.print(policy_verdict(governed_run, runs[1].summary))
     if html_file is not None:
         try:
             html_file.write_text(to_html(governed_run, off_run), encoding="utf-8")

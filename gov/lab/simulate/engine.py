@@ -634,11 +634,11 @@ class Engine:
 
 
 def simulate(server_url: str, config: SimConfig, *, governed: bool, keep: bool = False,
-             progress: Progress | None = None) -> RunOutcome:
+             progress: Progress | None = None, label: str | None = None) -> RunOutcome:
     """One run in a fresh scratch database on ``server_url``; the summary is read before it is dropped."""
     from gov.lab.simulate.summary import collect
 
-    label = "governed" if governed else "governor off"
+    label = label or ("governed" if governed else "governor off")
     with scratch_database(server_url, "gov_sim", keep=keep, durable=False) as dsn:
         engine = Engine(dsn, config, governed=governed, progress=progress)
         stats = engine.run()

@@ -1,0 +1,48 @@
+"""Two policies on the same traffic, side by side (`gov simulate --policy FILE --compare`).
+
+Same seed, same users, same messages and the same dice for each (common random
+numbers): the two runs differ only by what each policy let through, so a difference in
+unsubscribes or clicks is the policy's doing.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from gov.lab.simulate.summary import Summary
+
+
+def _net(s: Summary) -> int:
+    return s.event_messages("click") - s.unsubscribed
+
+
+def policy_comparison(candidate: Summary, baseline: Summary) -> Table:
+    """The candidate policy's run beside the baseline's: volume, clicks, unsubscribes."""
+    table = Table(title=f"{candidate.policy_name} vs {baseline.policy_name} (same traffic, seed {candidate.seed})",
+                  title_justify="left", title_style="bold")
+    table.add_column("")
+    table.add_column(candidate.policy_name, justify="right")
+    table.add_column(baseline.policy_name, justify="right")
+    cm, cp, _ = candidate.weekly
+    bm, bp, _ = baseline.weekly
+    rows = (
+        ("messages delivered", candidate.total.delivered, baseline.total.delivered),
+        ("sends per user per week: median", f"{cm:.1f}", f"{bm:.1f}"),
+        ("sends per user per week: p90", f"{cp:.1f}", f"{bp:.1f}"),
+        ("clicks", candidate.event_messages("click"), baseline.event_messages("click")),
+        ("users unsubscribed", candidate.unsubscribed, baseline.unsubscribed),
+        ("clicks minus unsubscribes", _net(candidate), _net(baseline)),
+    )
+    for name, a, b in rows:
+        table.add_row(name, f"{a:,}" if isinstance(a, int) else a, f"{b:,}" if isinstance(b, int) else b)
+    return table
+
+
+def policy_verdict(candidate: Summary, baseline: Summary) -> Text:
+    """Better means fewer unsubscribes and no fewer clicks minus unsubscribes."""
+    text = (f"{candidate.unsubscribed:,} vs {baseline.unsubscribed:,} unsubscribes, "
+            f"{_net(candidate):,} vs {_net(baseline):,} clicks minus unsubscribes")
+    if candidate.unsubscribed < baseline.unsubscribed and _net(candidate) >= _net(baseline):
+        return Text(f"{candidate.policy_name} did better than {baseline.policy_name}: {text} ✓", style="bold green")
+    return Text(f"{candidate.policy_name} did not do better than {baseline.policy_name}: {text} ✗", style="bold red")
