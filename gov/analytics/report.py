@@ -194,7 +194,7 @@ def fatigue_table(report: FatigueReport) -> Table:
     return table
 
 
-def _nice_top(value: float) -> float:
+def nice_top(value: float) -> float:
     """A round axis maximum at or above ``value``."""
     if value <= 0:
         return 0.01
@@ -279,7 +279,7 @@ def line_chart(
     plot_w, plot_h = width - left - right, height - top - bottom
     lo, hi = x_range
     points = [(k, float(v)) for k, v in values if v is not None]
-    y_top = _nice_top(max((v for _, v in points), default=0.0))
+    y_top = nice_top(max((v for _, v in points), default=0.0))
 
     def x(key: int) -> float:
         return left + (key - lo) * plot_w / max(hi - lo, 1)

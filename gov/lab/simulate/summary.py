@@ -7,7 +7,6 @@ thread ran first. Two runs with one seed render the same text.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -17,6 +16,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gov.analytics.html import render as render_template
+from gov.analytics.marginal import segment_title
+from gov.analytics.report import CTR_COLOR, TOP_BUCKET, UNSUBSCRIBE_COLOR, Chart, Tick, line_chart, nice_top
 from gov.db import Source
 from gov.errors import GovError
 from gov.lab.simulate.engine import CURVE_TOP, EngineStats, SimConfig
@@ -286,6 +288,13 @@ def collapse_lines(s: Summary) -> list[Text]:
     return out
 
 
+def engagement_text(s: Summary) -> str:
+    if not s.events_available:
+        return f"{s.unsubscribed:,} users unsubscribed (no telemetry)"
+    return (f"{s.event_messages('display'):,} displayed, {s.event_messages('click'):,} clicked, "
+            f"{s.event_messages('close'):,} closed; {s.unsubscribed:,} users unsubscribed")
+
+
 def render(s: Summary) -> RenderableType:
     """The run's summary as rich renderables (printed to stdout by the CLI)."""
     parts: list[RenderableType] = [Text(headline(s), style="bold"), Text("")]
@@ -313,14 +322,7 @@ def render(s: Summary) -> RenderableType:
         ("Push service: ", "bold"),
         f"{s.push_requests:,} requests ({attempts}); {s.push_decrypted:,} VAPID-verified, decrypted and accepted",
     ))
-    if s.events_available:
-        parts.append(Text.assemble(
-            ("Engagement: ", "bold"),
-            f"{s.event_messages('display'):,} displayed, {s.event_messages('click'):,} clicked, "
-            f"{s.event_messages('close'):,} closed; {s.unsubscribed:,} users unsubscribed",
-        ))
-    else:
-        parts.append(Text.assemble(("Engagement: ", "bold"), f"{s.unsubscribed:,} users unsubscribed (no telemetry)"))
+    parts.append(Text.assemble(("Engagement: ", "bold"), engagement_text(s)))
     parts.append(Text(""))
     parts.append(_fatigue_renderable(s))
     parts.append(Text(""))
@@ -339,10 +341,14 @@ def _fatigue_renderable(s: Summary) -> RenderableType:
         return Text("fatigue report unavailable", style="yellow")
     if not s.fatigue.rows:
         return Text("fatigue report: no accepted sends in the window")
+    return Group(fatigue_table(s.fatigue), Text(fatigue_verdict(s), style="bold"))
+
+
+def fatigue_verdict(s: Summary) -> str:
+    """What the (volume) fatigue report says about its crossover."""
     crossover = s.fatigue.crossover_bucket
-    verdict = (f"crossover at bucket {crossover}: past it one more send costs more unsubscribes than it earns clicks"
-               if crossover is not None else "no crossover in the window")
-    return Group(fatigue_table(s.fatigue), Text(verdict, style="bold"))
+    return (f"crossover at bucket {crossover}: past it one more send costs more unsubscribes than it earns clicks"
+            if crossover is not None else "no crossover in the window")
 
 
 TRUTH_GROUPS = ((0, 2), (3, 5), (6, 8), (9, 11), (12, 14), (15, CURVE_TOP))
@@ -422,14 +428,20 @@ def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
     return out
 
 
+CROSSOVER_HEADERS = ("segment", "fatigue measure (gov report fatigue)", "truth (same definition, no noise)", "")
+
+
+def crossover_title(s: Summary) -> str:
+    return f"Crossover by send position: the fatigue measure vs the simulated users' truth (tolerance {s.tolerance:g})"
+
+
 def _marginal_renderable(s: Summary) -> RenderableType:
     if s.marginal is None:
         return Text("marginal fatigue measure unavailable", style="yellow")
     from gov.analytics.marginal import marginal_table
 
-    table = Table(title=f"Crossover by send position: the fatigue measure vs the simulated users' truth "
-                  f"(tolerance {s.tolerance:g})", title_justify="left", title_style="bold")
-    for name in ("segment", "fatigue measure (gov report fatigue)", "truth (same definition, no noise)", ""):
+    table = Table(title=crossover_title(s), title_justify="left", title_style="bold")
+    for name in CROSSOVER_HEADERS:
         table.add_column(name)
     for seg, said, truth_text, agree in crossover_rows(s):
         table.add_row(seg, said, truth_text, "✓" if agree else "✗")
@@ -479,19 +491,11 @@ def print_summary(console: Console, governed: Summary, off: Summary | None = Non
 
 
 # ---------------------------------------------------------------- HTML
+#
+# The page is gov.analytics.html.render of templates/simulate.html.j2 (autoescaped): this
+# part computes what it shows (formatted cells, chart geometry) and writes no markup.
 
-_STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; max-width: 1200px; }
-h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th { background: #f6f6f6; } td:first-child, th:first-child { text-align: left; }
-.ok { color: #1a7f37; font-weight: 600; } .bad { color: #c62828; font-weight: 600; }
-.charts { display: flex; flex-wrap: wrap; gap: 16px; }
-svg { border: 1px solid #ddd; background: #fff; }
-svg text { font-size: 11px; fill: #444; } svg .title { font-size: 13px; font-weight: 600; fill: #222; }
-.grid { stroke: #eee; } .axis { stroke: #888; }
-"""
+DISPOSITION_KEYS = ("sent", "released", "summaries", "collapsed", "dropped", "expired", "held")
 DISPOSITION_COLORS = {
     "sent": "#2e7d32", "released": "#66bb6a", "summaries": "#1e88e5", "collapsed": "#90caf9",
     "dropped": "#e53935", "expired": "#fb8c00", "held": "#9e9e9e",
@@ -500,254 +504,275 @@ TIER_COLORS = ("#c62828", "#1565c0", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f")
 RUN_COLORS = ("#1565c0", "#e53935")
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value))
+@dataclass(frozen=True)
+class Bar:
+    """One rectangle of a bar chart, its tooltip in ``title``."""
+
+    key: str
+    x: str
+    y: str
+    width: str
+    height: str
+    color: str
+    title: str
 
 
-def _html_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "\n".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+@dataclass(frozen=True)
+class Swatch:
+    """One legend entry: a colour square and its name."""
+
+    name: str
+    color: str
+    x: str
+    y: str
+    text_x: str
+    text_y: str
 
 
-def _nice(value: float) -> float:
-    if value <= 0:
-        return 1.0
-    magnitude = 1.0
-    while magnitude * 10 <= value:
-        magnitude *= 10
-    while magnitude > value:
-        magnitude /= 10
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * magnitude:
-            return step * magnitude
-    return 10 * magnitude
+@dataclass(frozen=True)
+class BarChart:
+    """The geometry of one bar chart (grouped or stacked); ``templates/_bars.svg.j2`` draws it."""
+
+    series: str
+    title: str
+    x_label: str
+    bars: tuple[Bar, ...]
+    y_ticks: tuple[Tick, ...]
+    x_ticks: tuple[Tick, ...]
+    legend: tuple[Swatch, ...]
+    width: int
+    height: int
+    left: int
+    top: int
+    right_px: int
+    bottom_px: int
+
+    @property
+    def mid_x(self) -> str:
+        return f"{self.left + (self.right_px - self.left) / 2:.1f}"
 
 
-class _Plot:
-    """A small SVG canvas with a y axis from 0 to a round top."""
+@dataclass(frozen=True)
+class _Frame:
+    """A bar chart's canvas: a y axis from 0 to a round top at or above ``y_max``."""
 
-    def __init__(self, title: str, top: float, width: int = 560, height: int = 300, percent: bool = False) -> None:
-        self.width, self.height = width, height
-        self.left, self.right, self.top_px, self.bottom = 56, 16, 32, 48
-        self.top = _nice(top)
-        self.percent = percent
-        self.parts = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(title)}">',
-            f'<text x="{self.left}" y="20" class="title">{_e(title)}</text>',
-        ]
-        for i in range(5):
-            v = self.top * i / 4
-            y = self.y(v)
-            label = f"{v * 100:.3g}%" if percent else f"{v:,.4g}"
-            self.parts.append(f'<line x1="{self.left}" x2="{width - self.right}" y1="{y:.1f}" y2="{y:.1f}" '
-                              'class="grid"/>')
-            self.parts.append(f'<text x="{self.left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
-        self.parts.append(f'<line x1="{self.left}" x2="{self.left}" y1="{self.top_px}" y2="{self.y(0):.1f}" '
-                          f'class="axis"/><line x1="{self.left}" x2="{width - self.right}" y1="{self.y(0):.1f}" '
-                          f'y2="{self.y(0):.1f}" class="axis"/>')
+    y_max: float
+    width: int = 560
+    height: int = 300
+    left: int = 56
+    right: int = 16
+    top: int = 32
+    bottom: int = 48
+
+    @property
+    def y_top(self) -> float:
+        return nice_top(max(self.y_max, 1.0))
 
     @property
     def plot_w(self) -> float:
         return self.width - self.left - self.right
 
     def y(self, value: float) -> float:
-        plot_h = self.height - self.top_px - self.bottom
-        return self.top_px + plot_h - value / self.top * plot_h
+        plot_h = self.height - self.top - self.bottom
+        return self.top + plot_h - value / self.y_top * plot_h
 
-    def xlabel(self, x: float, text: str) -> None:
-        self.parts.append(f'<text x="{x:.1f}" y="{self.height - self.bottom + 16}" text-anchor="middle">'
-                          f"{_e(text)}</text>")
+    def bar(self, key: str, x: float, width: float, base: float, value: float, color: str, title: str) -> Bar:
+        y0, y1 = self.y(base), self.y(base + value)
+        return Bar(key, f"{x:.1f}", f"{y1:.1f}", f"{width:.1f}", f"{y0 - y1:.1f}", color, title)
 
-    def caption(self, text: str) -> None:
-        self.parts.append(f'<text x="{self.left + self.plot_w / 2:.1f}" y="{self.height - 8}" '
-                          f'text-anchor="middle">{_e(text)}</text>')
+    def chart(self, series: str, title: str, x_label: str, bars: Sequence[Bar],
+              x_ticks: Sequence[tuple[float, str]], legend: Sequence[tuple[str, str]]) -> BarChart:
+        y_ticks = tuple(
+            Tick(label=f"{self.y_top * i / 4:,.4g}", y=f"{self.y(self.y_top * i / 4):.1f}",
+                 label_y=f"{self.y(self.y_top * i / 4) + 4:.1f}")
+            for i in range(5)
+        )
+        right_px = self.width - self.right
+        swatches = tuple(
+            Swatch(name, color, x=f"{right_px - 18}", y=f"{self.top - 4 + 14 * i}", text_x=f"{right_px - 22}",
+                   text_y=f"{self.top + 5 + 14 * i}")
+            for i, (name, color) in enumerate(legend)
+        )
+        return BarChart(
+            series=series, title=title, x_label=x_label, bars=tuple(bars), y_ticks=y_ticks,
+            x_ticks=tuple(Tick(label=label, x=f"{x:.1f}") for x, label in x_ticks), legend=swatches,
+            width=self.width, height=self.height, left=self.left, top=self.top, right_px=right_px,
+            bottom_px=round(self.y(0)),
+        )
 
-    def legend(self, items: Sequence[tuple[str, str]]) -> None:
-        x = self.width - self.right - 8
-        for i, (name, color) in enumerate(reversed(items)):
-            y = self.top_px + 4 + 14 * (len(items) - 1 - i)
-            self.parts.append(f'<rect x="{x - 10}" y="{y - 8}" width="10" height="10" fill="{color}"/>'
-                              f'<text x="{x - 14}" y="{y + 1}" text-anchor="end">{_e(name)}</text>')
 
-    def svg(self) -> str:
-        return "\n".join([*self.parts, "</svg>"])
-
-
-def _histogram(runs: Sequence[Summary]) -> str:
+def _histogram(runs: Sequence[Summary]) -> BarChart:
     """Users by sends per week, one bar per run in each bin."""
     rates = [[r.per_week(n) for n in r.sends_per_user] for r in runs]
     high = max((max(x) for x in rates if x), default=1.0)
-    width = max(1, int(_nice(high / 12)))
+    width = max(1, int(nice_top(high / 12)))
     bins = int(high // width) + 1
     counts = [[0] * bins for _ in runs]
     for i, xs in enumerate(rates):
         for x in xs:
             counts[i][min(int(x // width), bins - 1)] += 1
-    plot = _Plot("Users by sends per week", max(max(c) for c in counts))
-    slot = plot.plot_w / bins
+    frame = _Frame(max(max(c) for c in counts))
+    slot = frame.plot_w / bins
     bar = slot * 0.8 / len(runs)
-    for b in range(bins):
-        for i in range(len(runs)):
-            x = plot.left + b * slot + slot * 0.1 + i * bar
-            y = plot.y(counts[i][b])
-            plot.parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{plot.y(0) - y:.1f}" '
-                              f'fill="{RUN_COLORS[i % 2]}"><title>{_e(runs[i].label)}: {counts[i][b]} users with '
-                              f"{b * width}–{(b + 1) * width} a week</title></rect>")
-        if bins <= 16 or b % 2 == 0:
-            plot.xlabel(plot.left + (b + 0.5) * slot, f"{b * width}")
-    plot.caption("sends per user per week (bin start)")
-    plot.legend([(r.label, RUN_COLORS[i % 2]) for i, r in enumerate(runs)])
-    return plot.svg()
+    bars = [
+        frame.bar(f"{b * width}", frame.left + b * slot + slot * 0.1 + i * bar, bar, 0, counts[i][b],
+                  RUN_COLORS[i % 2], f"{runs[i].label}: {counts[i][b]} users with {b * width}–{(b + 1) * width} a week")
+        for b in range(bins) for i in range(len(runs))
+    ]
+    ticks = [(frame.left + (b + 0.5) * slot, f"{b * width}") for b in range(bins) if bins <= 16 or b % 2 == 0]
+    return frame.chart("sends_per_week", "Users by sends per week", "sends per user per week (bin start)", bars,
+                       ticks, [(r.label, RUN_COLORS[i % 2]) for i, r in enumerate(runs)])
 
 
-def _dispositions(s: Summary) -> str:
+def _dispositions(s: Summary) -> BarChart:
     """One stacked bar per tier: what became of its messages."""
-    keys = ("sent", "released", "summaries", "collapsed", "dropped", "expired", "held")
-    plot = _Plot(f"What became of each tier's messages ({s.label})", max((r.messages for r in s.by_tier), default=1))
-    slot = plot.plot_w / max(1, len(s.by_tier))
+    frame = _Frame(max((r.messages for r in s.by_tier), default=1))
+    slot = frame.plot_w / max(1, len(s.by_tier))
+    bars, ticks = [], []
     for i, r in enumerate(s.by_tier):
         base = 0.0
-        x = plot.left + i * slot + slot * 0.2
-        for k in keys:
+        x = frame.left + i * slot + slot * 0.2
+        for k in DISPOSITION_KEYS:
             # a summary is one of the collapsed messages: draw it apart from the rest
             v = getattr(r, k) - (r.summaries if k == "collapsed" else 0)
             if v <= 0:
                 continue
-            y0, y1 = plot.y(base), plot.y(base + v)
-            plot.parts.append(f'<rect x="{x:.1f}" y="{y1:.1f}" width="{slot * 0.6:.1f}" height="{y0 - y1:.1f}" '
-                              f'fill="{DISPOSITION_COLORS[k]}"><title>{r.key} {HEADERS[k]}: {v:,}</title></rect>')
+            bars.append(frame.bar(r.key, x, slot * 0.6, base, v, DISPOSITION_COLORS[k],
+                                  f"{r.key} {HEADERS[k]}: {v:,}"))
             base += v
-        plot.xlabel(x + slot * 0.3, r.key)
-    plot.legend([(HEADERS[k], DISPOSITION_COLORS[k]) for k in keys])
-    return plot.svg()
+        ticks.append((x + slot * 0.3, r.key))
+    return frame.chart("dispositions", f"What became of each tier's messages ({s.label})", "tier", bars, ticks,
+                       [(HEADERS[k], DISPOSITION_COLORS[k]) for k in DISPOSITION_KEYS])
 
 
-def _daily(s: Summary) -> str:
+def _daily(s: Summary) -> BarChart:
     """Messages delivered per simulated day, stacked by tier."""
     days = sorted({d for d, _, _ in s.daily})
     tiers = sorted({t for _, t, _ in s.daily})
     totals = {d: sum(n for dd, _, n in s.daily if dd == d) for d in days}
-    plot = _Plot(f"Messages delivered per day ({s.label})", max(totals.values(), default=1), width=640)
-    slot = plot.plot_w / max(1, len(days))
+    frame = _Frame(max(totals.values(), default=1), width=640)
+    slot = frame.plot_w / max(1, len(days))
+    bars, ticks = [], []
     for i, d in enumerate(days):
         base = 0
-        x = plot.left + i * slot + slot * 0.15
+        x = frame.left + i * slot + slot * 0.15
         for j, t in enumerate(tiers):
             v = next((n for dd, tt, n in s.daily if dd == d and tt == t), 0)
             if not v:
                 continue
-            y0, y1 = plot.y(base), plot.y(base + v)
-            plot.parts.append(f'<rect x="{x:.1f}" y="{y1:.1f}" width="{slot * 0.7:.1f}" height="{y0 - y1:.1f}" '
-                              f'fill="{TIER_COLORS[j % len(TIER_COLORS)]}"><title>{d:%a %d %b} {t}: {v:,}</title>'
-                              "</rect>")
+            bars.append(frame.bar(f"{d:%Y-%m-%d}", x, slot * 0.7, base, v, TIER_COLORS[j % len(TIER_COLORS)],
+                                  f"{d:%a %d %b} {t}: {v:,}"))
             base += v
-        plot.xlabel(x + slot * 0.35, f"{d:%a}"[:2])
-    plot.caption("simulated day (UTC)")
-    plot.legend([(t, TIER_COLORS[j % len(TIER_COLORS)]) for j, t in enumerate(tiers)])
-    return plot.svg()
+        ticks.append((x + slot * 0.35, f"{d:%a}"[:2]))
+    return frame.chart("daily", f"Messages delivered per day ({s.label})", "simulated day (UTC)", bars, ticks,
+                       [(t, TIER_COLORS[j % len(TIER_COLORS)]) for j, t in enumerate(tiers)])
 
 
-def _fatigue_chart(s: Summary) -> str:
-    """Click-through and unsubscribe rate by send-volume bucket, the crossover marked."""
-    rows = [r for r in s.fatigue.rows if r.ctr is not None]
-    top = max([float(r.ctr) for r in rows] + [float(r.unsubscribe_rate) for r in rows] + [0.01])
-    plot = _Plot(f"Fatigue by sends in the last week ({s.label})", top, percent=True)
-    buckets = [r.bucket for r in s.fatigue.rows]
-    span = max(buckets) if buckets else 8
-
-    def x(b: int) -> float:
-        return plot.left + (b - 0.5) * plot.plot_w / span
-
-    for series, color, label in (("ctr", RUN_COLORS[0], "click-through"),
-                                 ("unsubscribe_rate", RUN_COLORS[1], "unsubscribe rate")):
-        pts = [(r.bucket, float(getattr(r, series))) for r in s.fatigue.rows if getattr(r, series) is not None]
-        plot.parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2.5" points="'
-                          + " ".join(f"{x(b):.1f},{plot.y(v):.1f}" for b, v in pts) + '"/>')
-        for b, v in pts:
-            plot.parts.append(f'<circle cx="{x(b):.1f}" cy="{plot.y(v):.1f}" r="4" fill="{color}">'
-                              f"<title>{label}, bucket {b}: {v * 100:.2f}%</title></circle>")
-    crossover = s.fatigue.crossover_bucket
-    if crossover is not None:
-        plot.parts.append(f'<line x1="{x(crossover):.1f}" x2="{x(crossover):.1f}" y1="{plot.top_px}" '
-                          f'y2="{plot.y(0):.1f}" stroke="#ff7f0e" stroke-width="2" stroke-dasharray="6 4"/>'
-                          f'<text x="{x(crossover) + 4:.1f}" y="{plot.top_px + 12}">crossover</text>')
-    for b in buckets:
-        plot.xlabel(x(b), f"{b}+" if b == span and b >= 8 else str(b))
-    plot.caption("sends received in the last 7 days (bucket)")
-    plot.legend([("click-through", RUN_COLORS[0]), ("unsubscribe rate", RUN_COLORS[1])])
-    return plot.svg()
+def _fatigue_charts(s: Summary) -> list[Chart]:
+    """Click-through and unsubscribe rate by send-volume bucket, the crossover marked
+    (gov.analytics.report's line charts, as on ``gov report fatigue --html``)."""
+    rows = s.fatigue.rows
+    return [
+        line_chart(series, f"{title} ({s.label})", color, [(r.bucket, getattr(r, series)) for r in rows],
+                   x_range=(1, TOP_BUCKET), x_labels={TOP_BUCKET: f"{TOP_BUCKET}+"}, x_name="bucket",
+                   x_label="sends received in the last 7 days (bucket)", crossover=s.fatigue.crossover_bucket)
+        for series, title, color in (("ctr", "Click-through rate", CTR_COLOR),
+                                     ("unsubscribe_rate", "Unsubscribe rate", UNSUBSCRIBE_COLOR))
+    ]
 
 
-def _html_run(s: Summary) -> str:
-    rows_headers = ["", *(HEADERS[c] for c in COLUMNS)]
+def _percent(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{float(value) * 100:.{digits}f}%"
+
+
+def _interval(low: Any, high: Any) -> str:
+    return f"{float(low) * 100:.2f}–{float(high) * 100:.2f}%"
+
+
+def _marginal_context(s: Summary) -> dict[str, Any] | None:
+    """The marginal measure's overall groups and its crossover per segment beside the truth's."""
+    if s.marginal is None:
+        return None
+    overall = s.marginal.overall
+    return {
+        "title": f"Marginal fatigue, {segment_title(overall.segment)}: {overall.verdict_text()}",
+        "header": ("position", "sends", "clicks", "unsubscribes", "click rate", "95% interval", "unsubscribe rate",
+                   "95% interval", "crossover"),
+        "rows": [
+            {"crossover": r.crossover, "cells": (
+                r.label, f"{r.sends:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}", _percent(r.click_rate),
+                _interval(r.click_low, r.click_high), _percent(r.unsubscribe_rate),
+                _interval(r.unsubscribe_low, r.unsubscribe_high),
+                "◀ crossover" if r.crossover else "")}
+            for r in overall.rows
+        ],
+        "crossover_title": crossover_title(s),
+        "crossover_header": CROSSOVER_HEADERS,
+        "crossovers": [{"segment": seg, "measure": said, "truth": truth_text, "agree": agree}
+                       for seg, said, truth_text, agree in crossover_rows(s)],
+    }
+
+
+def _run_context(s: Summary) -> dict[str, Any]:
+    """What the page shows of one run."""
     median, p90, top = s.weekly
     e = s.exempt
-    out = [
-        f"<h2>{_e(s.label.capitalize())}</h2>",
-        _html_table(["tier", *rows_headers[1:]], [[r.key, *(f"{getattr(r, c):,}" for c in COLUMNS)]
-                                                  for r in s.by_tier]),
-        _html_table(["team", *rows_headers[1:]], [[r.key, *(f"{getattr(r, c):,}" for c in COLUMNS)]
-                                                  for r in s.by_team]),
-        f'<p class="{"ok" if e.ok else "bad"}">P0: {e.messages:,} messages, {e.all_delivered:,} delivered to every '
-        f"endpoint, {e.suppressed:,} suppressed {'✓' if e.ok else '✗'}</p>",
-        "<h3>Top blocking rules</h3>",
-        _html_table(["rule", "tier", "action", "suppressed"], [[r, t, a, f"{n:,}"] for r, t, a, n in s.blocking]),
-        f"<p>Sends per user per week: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
-        f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests and "
-        f"verified, decrypted and accepted {s.push_decrypted:,}.</p>",
-        '<div class="charts">',
-        _dispositions(s),
-        _daily(s),
-    ]
-    if s.fatigue is not None and s.fatigue.rows:
-        out.append(_fatigue_chart(s))
-    out.append("</div>")
-    if s.fatigue is not None and s.fatigue.rows:
-        out.append(_html_table(
-            ["bucket", "subscribers", "accepted", "clicks", "unsubscribes", "CTR", "unsubscribe rate", "crossover"],
-            [[r.label, f"{r.subscribers:,}", f"{r.accepted:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}",
-              "–" if r.ctr is None else f"{float(r.ctr) * 100:.1f}%",
-              "–" if r.unsubscribe_rate is None else f"{float(r.unsubscribe_rate) * 100:.2f}%",
-              "◀" if r.crossover else ""] for r in s.fatigue.rows],
-        ))
-    elif s.fatigue is None:
-        out.append("<p>fatigue report unavailable</p>")
+    fatigue = s.fatigue is not None and bool(s.fatigue.rows)
     crossover = truth_crossover(s)
-    out.append("<h3>Ground truth: the simulated users, per send, by sends already received that week</h3>")
-    out.append(_html_table(["sends that week", "sends", "clicked", "unsubscribed"],
-                           [[label, f"{n:,}", f"{c * 100:.2f}%", f"{u * 100:.2f}%"] for label, n, c, u in truth(s)]))
-    out.append(f"<p>{_e(f'Crossover from {crossover} sends a week.' if crossover else 'No crossover reached.')}</p>")
-    return "\n".join(out)
+    return {
+        "title": s.label.capitalize(),
+        "header": tuple(HEADERS[c] for c in COLUMNS),
+        "tiers": [(r.key, *(f"{getattr(r, c):,}" for c in COLUMNS)) for r in s.by_tier],
+        "teams": [(r.key, *(f"{getattr(r, c):,}" for c in COLUMNS)) for r in s.by_team],
+        "exempt_ok": e.ok,
+        "exempt": f"P0: {e.messages:,} messages, {e.all_delivered:,} delivered to every endpoint, "
+                  f"{e.suppressed:,} suppressed {'✓' if e.ok else '✗'}",
+        "collapse": [{"text": line.plain, "ok": line.style == "green"} for line in collapse_lines(s)],
+        "blocking": [(r, t, a, f"{n:,}") for r, t, a, n in s.blocking],
+        "sends": f"Sends per user per week: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
+                 f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests "
+                 f"and verified, decrypted and accepted {s.push_decrypted:,}.",
+        "engagement": f"Engagement: {engagement_text(s)}.",
+        "bar_charts": [_dispositions(s), _daily(s)],
+        "line_charts": _fatigue_charts(s) if fatigue else [],
+        "fatigue_available": s.fatigue is not None,
+        "fatigue_verdict": fatigue_verdict(s) if fatigue else None,
+        "fatigue_header": ("bucket", "subscribers", "accepted", "clicks", "unsubscribes", "CTR", "unsubscribe rate",
+                           "crossover"),
+        "fatigue_rows": [
+            {"crossover": r.crossover, "cells": (
+                r.label, f"{r.subscribers:,}", f"{r.accepted:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}",
+                _percent(r.ctr, 1), _percent(r.unsubscribe_rate), "◀" if r.crossover else "")}
+            for r in (s.fatigue.rows if fatigue else ())
+        ],
+        "truth": [(label, f"{n:,}", f"{c * 100:.2f}%", f"{u * 100:.2f}%") for label, n, c, u in truth(s)],
+        "truth_verdict": f"Crossover from {crossover} sends a week." if crossover else "No crossover reached.",
+        "marginal": _marginal_context(s),
+    }
 
 
 def to_html(governed: Summary, off: Summary | None = None) -> str:
     """The summary as one self-contained page: inline SVG, inline CSS, no script, nothing fetched."""
     runs = [governed] if off is None else [governed, off]
-    body = [f"<h1>{_e(headline(governed))}</h1>"]
+    compare = None
     if off is not None:
         gm, gp, gx = governed.weekly
         om, op, ox = off.weekly
-        verdict = compare_verdict(governed, off)
-        body.append("<h2>Governed vs governor off</h2>")
-        body.append(_html_table(
-            ["", "governed", "governor off"],
-            [["messages handed to gov", f"{governed.messages_sent:,}", f"{off.messages_sent:,}"],
-             ["messages delivered", f"{governed.total.delivered:,}", f"{off.total.delivered:,}"],
-             ["sends per user per week: median", f"{gm:.1f}", f"{om:.1f}"],
-             ["sends per user per week: p90", f"{gp:.1f}", f"{op:.1f}"],
-             ["sends per user per week: max", f"{gx:.1f}", f"{ox:.1f}"],
-             ["clicks", f"{governed.event_messages('click'):,}", f"{off.event_messages('click'):,}"],
-             ["users unsubscribed", f"{governed.unsubscribed:,}", f"{off.unsubscribed:,}"]],
-        ))
-        body.append(f'<p class="{"ok" if comparison(governed, off)[1] else "bad"}">{_e(verdict.plain)}</p>')
-    body.append(f'<div class="charts">{_histogram(runs)}</div>')
-    for s in runs:
-        body.append(_html_run(s))
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{_e(headline(governed))}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body>\n</html>\n"
+        compare = {
+            "rows": [
+                ("messages handed to gov", f"{governed.messages_sent:,}", f"{off.messages_sent:,}"),
+                ("messages delivered", f"{governed.total.delivered:,}", f"{off.total.delivered:,}"),
+                ("sends per user per week: median", f"{gm:.1f}", f"{om:.1f}"),
+                ("sends per user per week: p90", f"{gp:.1f}", f"{op:.1f}"),
+                ("sends per user per week: max", f"{gx:.1f}", f"{ox:.1f}"),
+                ("clicks", f"{governed.event_messages('click'):,}", f"{off.event_messages('click'):,}"),
+                ("users unsubscribed", f"{governed.unsubscribed:,}", f"{off.unsubscribed:,}"),
+            ],
+            "better": comparison(governed, off)[1],
+            "verdict": compare_verdict(governed, off).plain,
+        }
+    return render_template(
+        "simulate.html.j2", package="gov.lab.simulate",
+        headline=headline(governed), compare=compare, histogram=_histogram(runs),
+        runs=[_run_context(s) for s in runs],
     )
