@@ -19,12 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
+from psycopg.rows import class_row
 from rich.table import Table
 
 from gov.analytics.events import as_source
+from gov.analytics.html import render
+from gov.analytics.report import nice_top
 from gov.queries import q
 
 Z95 = 1.959963984540054  # the two-sided 95 % normal quantile: the Wilson intervals shown
@@ -42,7 +44,6 @@ NOT_ENOUGH_DATA = "not enough data"
 CLICK_COLOR = "#1f77b4"
 UNSUBSCRIBE_COLOR = "#d62728"
 CROSSOVER_COLOR = "#ff7f0e"
-TEMPLATES = Path(__file__).parent / "templates"
 
 
 # ---------------------------------------------------------------- the rule, in Python
@@ -296,11 +297,14 @@ def marginal_report(
         raise ValueError("min_sends must be at least 1")
     src, owned = as_source(source)
     try:
-        rows = src.execute(q("fatigue_marginal"), {"since": since, "now": now, "min_sends": min_sends})
+        named = src.execute(
+            q("fatigue_marginal"),
+            {"since": since, "now": now, "min_sends": min_sends},
+            row_factory=class_row(MarginalRow),
+        )
     finally:
         if owned:
             src.close()
-    named = [MarginalRow(*row) for row in rows]
     order: list[str] = []
     for r in named:
         if r.segment not in order:
@@ -354,7 +358,7 @@ def _chart(measure: SegmentMeasure) -> dict[str, Any]:
     plot_w, plot_h = width - left - right, height - top - bottom
     rows = measure.rows
     y_max = max([float(r.click_high) for r in rows] + [float(r.unsubscribe_high) for r in rows] + [0.001])
-    y_top = _nice_top(y_max)
+    y_top = nice_top(y_max)
     n = len(rows)
 
     def x(i: int) -> float:
@@ -389,22 +393,11 @@ def _chart(measure: SegmentMeasure) -> dict[str, Any]:
     }
 
 
-def _nice_top(value: float) -> float:
-    magnitude = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * magnitude:
-            return step * magnitude
-    return 10 * magnitude  # pragma: no cover - the loop always returns
-
-
 def marginal_html(report: MarginalReport) -> str:
     """The measure as one self-contained page (Jinja2, autoescaped): per segment, the click
     and unsubscribe rate by position with their 95 % bands, the crossover marked, and the table."""
-    from jinja2 import Environment, FileSystemLoader, select_autoescape
-
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(("html", "j2")))
-    template = env.get_template("fatigue_marginal.html.j2")
-    return template.render(
+    return render(
+        "fatigue_marginal.html.j2",
         window=window_text(report),
         segments=[
             {"measure": s, "title": segment_title(s.segment), "verdict": s.verdict_text(),
