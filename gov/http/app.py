@@ -56,7 +56,7 @@ from gov import users
 from gov.analytics.events import record_event
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.governor import Governor
-from gov.http.models import Error, Event, Health, Id, Preferences, Send, Verdict
+from gov.http.models import Error, Event, Health, Id, Preferences, Segment, Send, Verdict
 from gov.ops import metrics as gov_metrics
 from gov.policy import format_duration
 from gov.queries import q
@@ -444,6 +444,18 @@ def create_app(
         if body.user_id not in (None, user_id):
             raise HTTPError(422, "userId in the body differs from the one in the path")
         return await run_in_threadpool(_conn_call, put_preferences, user_id, body)
+
+    def _set_segment(user_id: str, segment: str | None) -> Segment:
+        with governor.source.connection() as conn:
+            users.set_segment(conn, user_id, segment)
+        return Segment(segment=segment)
+
+    @app.put(
+        "/internal/users/{userId}/segment", summary="Put a user in the app's segment (null: in none)",
+        response_model=Segment, dependencies=[Security(api_token)], responses=refusals(400, 401, 413, 422, 503),
+    )
+    async def put_segment(user_id: UserId, body: Segment) -> Segment:
+        return await run_in_threadpool(_set_segment, user_id, body.segment)
 
     @app.get(
         "/healthz", summary="The server runs and the database answers", response_model=Health,

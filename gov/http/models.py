@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from gov.analytics.events import BEACON_EVENTS, MAX_SUBSCRIPTION_ID
 from gov.message import MAX_ID_LENGTH, MAX_TTL_S, MIN_TTL_S, TIER_FORM, Message, is_utf8
-from gov.policy import MAX_CAP, MAX_DURATION_MS, format_duration, parse_clock, parse_duration
+from gov.policy import MAX_CAP, MAX_DURATION_MS, SEGMENT_NAME, format_duration, parse_clock, parse_duration
 
 MAX_OPTOUTS = 200  # topics a user may opt out of
 #: A user cap's scope: a tier, every tier ("global") or per topic ("topic").
@@ -154,6 +154,15 @@ class Cap(Body):
     @property
     def window_ms(self) -> int:
         return parse_duration(self.window, "window")
+
+
+class Segment(Body):
+    """The app's segment for a user (engaged, casual, dormant or a name of its own); null: none.
+
+    A name other than engaged, casual and dormant is the app's own: `gov segments refresh`
+    leaves that user alone."""
+
+    segment: Annotated[str, Field(pattern=SEGMENT_NAME.pattern, examples=["dormant"])] | None
 
 
 class Preferences(Body):

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from gov import Governor
 from gov.cli import main
 from gov.http.app import MAX_BODY_BYTES, create_app
-from gov.http.models import Error, Event, Preferences, Send
+from gov.http.models import Error, Event, Preferences, Segment, Send
 from gov.message import MAX_ID_LENGTH, MAX_TTL_S
 
 with warnings.catch_warnings():
@@ -220,6 +220,19 @@ def test_events_beacon(client: TestClient, db_url: str, conn: psycopg.Connection
     assert conn.execute("SELECT count(*) FROM gov.push_events").fetchone() == (1,)
 
 
+def test_the_app_puts_a_user_in_a_segment(client: TestClient, conn: psycopg.Connection[Any]) -> None:
+    assert client.put("/internal/users/u7/segment", json={"segment": "vip"}).status_code == 401  # the app's call only
+    r = client.put("/internal/users/u7/segment", json={"segment": "vip"}, headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"segment": "vip"}, r.text
+    assert conn.execute("SELECT segment FROM gov.users WHERE user_id = 'u7'").fetchone() == ("vip",)
+    for bad in ({"segment": "VIP"}, {"segment": "a" * 33}, {"segment": 1}, {}):
+        refused = client.put("/internal/users/u7/segment", json=bad, headers=AUTH)
+        assert refused.status_code == 422 and "error" in refused.json(), (bad, refused.text)
+    assert conn.execute("SELECT segment FROM gov.users WHERE user_id = 'u7'").fetchone() == ("vip",)
+    assert client.put("/internal/users/u7/segment", json={"segment": None}, headers=AUTH).json() == {"segment": None}
+    assert conn.execute("SELECT segment FROM gov.users WHERE user_id = 'u7'").fetchone() == (None,)
+
+
 def test_preferences_round_trip(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     empty = client.get("/users/u42/preferences", headers=AUTH)
     assert empty.json() == {"userId": "u42", "timeZone": None, "quietHours": None, "caps": [], "topicsOptedOut": []}
@@ -278,7 +291,8 @@ def test_healthz_and_openapi(client: TestClient, db_url: str) -> None:
     assert client.get("/healthz").json() == {"ok": True}
     spec = client.get("/openapi.json").json()
     assert spec["openapi"].startswith("3.")
-    assert set(spec["paths"]) == {"/internal/send", "/events", "/users/{userId}/preferences", "/healthz",
+    assert set(spec["paths"]) == {"/internal/send", "/events", "/users/{userId}/preferences",
+                                  "/internal/users/{userId}/segment", "/healthz",
                                   "/metrics", "/openapi.json"}
     assert spec["components"]["schemas"]["Send"]["required"] == ["userId", "tier", "id", "title"]
     with Governor(db_url, pool_size=1, pool_timeout=0.5) as governor:
@@ -305,6 +319,7 @@ ROUTES = [
     ("post", "/events", Event),
     ("get", "/users/{userId}/preferences", None),
     ("put", "/users/{userId}/preferences", Preferences),
+    ("put", "/internal/users/{userId}/segment", Segment),
     ("get", "/healthz", None),
     ("get", "/metrics", None),
     ("get", "/openapi.json", None),
