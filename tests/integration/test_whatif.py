@@ -133,3 +133,14 @@ def test_cli_prints_the_replay_and_changes_nothing(
     refused = runner.invoke(main, ["policy", "whatif", str(broken)], env=env)
     assert refused.exit_code == 1 and "broken.toml:" in refused.stderr
     assert snapshot(conn) == before
+
+
+def test_policy_suggest_without_a_crossover_suggests_the_stored_policy(db_url: str, tmp_path: Any) -> None:
+    """No accepted sends, no crossover: the suggestion is the stored policy, and it says why."""
+    out = tmp_path / "suggested.toml"
+    result = CliRunner().invoke(main, ["policy", "suggest", "--out", str(out)], env={"GOV_DATABASE_URL": db_url})
+    assert result.exit_code == 0, result.output
+    assert "# no change suggested" in result.stderr and "unchanged, all users" in result.stderr
+    assert policy.parse_policy(out.read_text()) == policy.default_policy()
+    bad = CliRunner().invoke(main, ["policy", "suggest", "--since", "soon"], env={"GOV_DATABASE_URL": db_url})
+    assert bad.exit_code == 1 and bad.stderr.startswith("gov: error: --since")
