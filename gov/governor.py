@@ -132,7 +132,7 @@ class Governor:
         delivered = 0
         if deliver and ids and self.signer is not None and not self.source.external_transaction:
             try:
-                stats = self.dispatcher().run_once(ids=list(ids))
+                stats = self.dispatcher().run_once(ids=list(ids), shard_keys=[message.user_id])
                 delivered = stats.outcomes.get("delivered", 0)
             except Exception:  # the rows are safe in the outbox; the runner retries them
                 log.exception("immediate delivery failed; left to gov dispatch", extra={"action": "send_deferred"})
@@ -165,11 +165,21 @@ class Governor:
             raise ValueError("batch must be at least 1")
         users = [replace(template, user_id=u).user_id for u in user_ids]  # each id checked like a Message
         rows: list[dict[str, Any]] = []
-        for start in range(0, len(users), batch):
+        if not users:
+            return rows
+        # one group on one server; on a Citus cluster one per shard, each decided whole on
+        # the worker that holds it (sql/schema/70_scale_out.sql)
+        slices = [
+            (key, group[start : start + batch])
+            for key, group in self.source.execute(q("shard_groups"), {"user_ids": users})
+            for start in range(0, len(group), batch)
+        ]
+        for key, ids in slices:
             rows += self.source.execute(
                 q(query),
                 {
-                    "user_ids": users[start : start + batch],
+                    "shard_key": key,
+                    "user_ids": ids,
                     "message_id": template.id,
                     "tier": template.tier,
                     "topic": template.topic,

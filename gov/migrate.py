@@ -48,8 +48,13 @@ def _run(url: str, fn: Callable[..., T], *args: Any) -> T:
         engine.dispose()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate to ``revision`` and, on a database with no policy yet, apply the default."""
+def upgrade(url: str, revision: str = "head") -> list[str]:
+    """Migrate to ``revision`` and, on a database with no policy yet, apply the default.
+
+    At head on a Citus cluster, then distribute what is not distributed yet (in its own
+    transaction: Citus copies each table's rows to the shards); returns what that did,
+    one line per table or function (nothing on a single server).
+    """
 
     def go(conn: Any) -> None:
         command.upgrade(_config(conn), revision)
@@ -60,6 +65,9 @@ def upgrade(url: str, revision: str = "head") -> None:
             policy.apply(raw, policy.default_policy(), policy.default_policy_text())
 
     _run(url, go)
+    if revision != "head":
+        return []
+    return _run(url, lambda conn: [str(line) for (line,) in conn.execute(text("SELECT * FROM gov.distribute_v1()"))])
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -3,4 +3,4 @@
 -- parameters (%(name)s), never text pasted in. Names are unique across the queries*.sql files.
 
 -- name: release_due
-SELECT user_id, message_id, state, outcome, outbox_ids FROM gov.release_due_v1(%(limit)s, %(now)s);
+SELECT user_id, message_id, state, outcome, outbox_ids FROM gov.release_due_v2(%(shard_key)s, %(limit)s, %(now)s);

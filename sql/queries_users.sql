@@ -24,12 +24,12 @@ SELECT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = %(tz)s);
 
 -- name: set_user_time_zone
 INSERT INTO gov.users (user_id, time_zone) VALUES (%(user_id)s, %(tz)s)
-ON CONFLICT (user_id) DO UPDATE SET time_zone = excluded.time_zone, updated_at = clock_timestamp();
+ON CONFLICT (user_id) DO UPDATE SET time_zone = excluded.time_zone, updated_at = excluded.updated_at;
 
 -- name: set_user_quiet_hours
 INSERT INTO gov.users (user_id, quiet_start, quiet_end) VALUES (%(user_id)s, %(start)s, %(end)s)
 ON CONFLICT (user_id) DO UPDATE
-   SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end, updated_at = clock_timestamp();
+   SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end, updated_at = excluded.updated_at;
 
 -- name: user_settings
 SELECT time_zone, quiet_start, quiet_end FROM gov.users WHERE user_id = %(user_id)s;
@@ -46,7 +46,7 @@ ON CONFLICT (user_id, topic) DO NOTHING;
 
 -- name: set_user_segment
 INSERT INTO gov.users (user_id, segment) VALUES (%(user_id)s, %(segment)s)
-ON CONFLICT (user_id) DO UPDATE SET segment = excluded.segment, updated_at = clock_timestamp();
+ON CONFLICT (user_id) DO UPDATE SET segment = excluded.segment, updated_at = excluded.updated_at;
 
 -- name: user_segment
 SELECT segment FROM gov.users WHERE user_id = %(user_id)s;

@@ -19,12 +19,17 @@ def db() -> None:
 @db.command("upgrade")
 @url_option
 def db_upgrade(database_url: str | None) -> None:
-    """Migrate the database to the newest schema (and apply the default policy if none)."""
+    """Migrate the database to the newest schema (and apply the default policy if none).
+
+    On a Citus coordinator, also distribute the schema by user (docs/scale-out.md).
+    """
     from gov import migrate
     from gov.db import resolve_url, translate_errors
 
     with translate_errors():
-        migrate.upgrade(resolve_url(database_url))
+        distributed = migrate.upgrade(resolve_url(database_url))
+    for line in distributed:
+        click.echo(f"gov: {line}", err=True)
     click.echo(f"gov: schema at {migrate.head()}", err=True)
 
 

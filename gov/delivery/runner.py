@@ -1,6 +1,6 @@
 """The runner: claims outbox rows, delivers them through Web Push, records every outcome.
 
-Claim model: a *committed lease* (gov.claim_outbox_v2). A worker marks rows
+Claim model: a *committed lease* (gov.claim_outbox_v3). A worker marks rows
 ``sending`` until ``lease_until`` and commits before any HTTP call, so no transaction
 stays open during network I/O. A worker that dies leaves its rows leased; when the
 lease runs out another runner reclaims them.
@@ -27,7 +27,7 @@ and notification tag and the message id in the payload.
 Failure stays with its row (invariant 10): whatever goes wrong building, encrypting or
 sending one row ends that row (``failed``, with the reason) and never the batch. A 404
 or 410 retires the endpoint at once: its other rows in the batch are not sent, and its
-rows still to do elsewhere end ``gone`` (gov.record_attempt_v2).
+rows still to do elsewhere end ``gone`` (gov.record_attempt_v3).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import threading
 import time
@@ -153,6 +154,9 @@ class Dispatcher:
         # (subscription id, endpoint) -> its 404/410, during one drain
         self._gone_now: dict[tuple[int, str], dict[str, Any]] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
+        # the shards this runner walks (one, None, on a single server; sql/schema/70_scale_out.sql)
+        self._shard_keys: list[str | None] | None = None
+        self._shard_at = random.randrange(1 << 16)  # runners start their walks at different shards
 
     def close(self) -> None:
         self.stop_sending()
@@ -175,15 +179,35 @@ class Dispatcher:
     def _now(self) -> datetime | None:
         return self.clock() if self.clock is not None else None
 
-    def claim(self, limit: int, ids: list[int] | None = None) -> list[_Claimed]:
-        rows = self.source.execute(
-            q("claim_outbox"),
-            {"worker": self.name, "limit": limit, "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
-            row_factory=class_row(_Claimed),
-        )
-        return rows
+    def shard_keys(self, refresh: bool = False) -> list[str | None]:
+        """One key per shard of the outbox: ``[None]`` on one server, one per shard on Citus."""
+        if self._shard_keys is None or refresh:
+            ((keys,),) = self.source.execute(q("shard_keys"), {})
+            self._shard_keys = list(keys)
+        return self._shard_keys
 
-    def run_once(self, ids: list[int] | None = None, stop: threading.Event | None = None) -> DispatchStats:
+    def claim(self, limit: int, ids: list[int] | None = None, shard_keys: list[str] | None = None) -> list[_Claimed]:
+        """Claim up to ``limit`` due rows of one shard: the next shard in this runner's walk
+        that has any (``shard_keys``: only those shards, e.g. a user's own id). Empty when
+        no shard has a row due: SKIP LOCKED holds within a shard only, so a claim never
+        spans two."""
+        keys: list[str | None] = list(shard_keys) if shard_keys is not None else self.shard_keys()
+        for step in range(len(keys)):
+            at = (self._shard_at + step) % len(keys)
+            rows = self.source.execute(
+                q("claim_outbox"),
+                {"shard_key": keys[at], "worker": self.name, "limit": limit, "lease_ms": self.lease_ms,
+                 "now": self._now(), "ids": ids},
+                row_factory=class_row(_Claimed),
+            )
+            if rows:
+                self._shard_at = at + 1  # the next claim starts at the next shard: all are served
+                return rows
+        return []
+
+    def run_once(
+        self, ids: list[int] | None = None, stop: threading.Event | None = None, shard_keys: list[str] | None = None
+    ) -> DispatchStats:
         """Deliver everything due now (or only the rows ``ids``); return what happened.
 
         With ``stop``, a set event ends the drain after the batch in hand (recorded).
@@ -192,13 +216,15 @@ class Dispatcher:
         :meth:`_run_pipelined`).
         """
         self._gone_now = {}
+        if ids is None:
+            self.shard_keys(refresh=True)  # a cluster may have split or moved shards since the last drain
         if ids is None and self._pool is not None:
             return self._run_pipelined(stop)
         stats = DispatchStats()
         remaining = None if ids is None else set(ids)
         while (remaining is None or remaining) and not (stop is not None and stop.is_set()):
             began = time.monotonic()  # the lease starts after this, at the claim
-            claimed = self.claim(self.batch, None if remaining is None else sorted(remaining))
+            claimed = self.claim(self.batch, None if remaining is None else sorted(remaining), shard_keys)
             if not claimed:
                 break
             lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
@@ -510,6 +536,7 @@ def _attempt(row: _Claimed, origin: str, outcome: PushOutcome, kind: str | None 
     if error is not None:
         error = error.replace("\x00", "\ufffd")[:2000]  # a NUL cannot be stored: it must not sink the batch
     return {
+        "user_id": row.user_id,
         "outbox_id": row.outbox_id,
         "claim_token": row.claim_token,
         "origin": origin,

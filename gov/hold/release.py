@@ -1,7 +1,7 @@
 """The releaser: hands held messages back to the decision when their time comes.
 
 Run it from cron (``bin/gov-release``, i.e. ``gov release --once``) or as a loop. Each
-batch is one call (``gov.release_due_v1``) and one transaction: rows are taken with
+batch is one call (``gov.release_due_v2``, one shard's rows) and one transaction: rows are taken with
 SKIP LOCKED, decided again through the same decision function, and either queued for
 delivery, held again, or closed with their outcome. Each row is handled in its own
 subtransaction, so an error in one (a tier the policy no longer defines, anything
@@ -15,6 +15,7 @@ twice, however many releasers run.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import Counter
@@ -66,11 +67,31 @@ class Releaser:
         self.dispatcher = dispatcher
         self.batch = batch
         self.clock = clock
+        # the shards this releaser walks (one, None, on a single server; sql/schema/70_scale_out.sql)
+        self._shard_keys: list[str | None] | None = None
+        self._shard_at = random.randrange(1 << 16)
 
     def release_batch(self) -> list[tuple[str, str, str, str | None, list[int]]]:
-        """One transaction: up to ``batch`` due messages, each decided again now."""
+        """One transaction: up to ``batch`` due messages of one shard, each decided again now.
+
+        The shard is the next in this releaser's walk with a row it could handle (one
+        shard on a single server); when every shard's due rows are busy, those busy rows.
+        """
         now = self.clock() if self.clock is not None else None
-        return self.source.execute(q("release_due"), {"limit": self.batch, "now": now})
+        if self._shard_keys is None:
+            ((keys,),) = self.source.execute(q("shard_keys"), {})
+            self._shard_keys = list(keys)
+        busy: list[tuple[str, str, str, str | None, list[int]]] = []
+        for step in range(len(self._shard_keys)):
+            at = (self._shard_at + step) % len(self._shard_keys)
+            rows = self.source.execute(
+                q("release_due"), {"shard_key": self._shard_keys[at], "limit": self.batch, "now": now}
+            )
+            if any(row[2] != "busy" for row in rows):
+                self._shard_at = at + 1  # the next batch starts at the next shard
+                return rows
+            busy += rows
+        return busy
 
     def run_once(self) -> ReleaseStats:
         """Release everything due now, whatever the batch size; deliver it when a dispatcher was given.
@@ -80,6 +101,7 @@ class Releaser:
         """
         stats = ReleaseStats()
         busy_rounds = 0
+        self._shard_keys = None  # read again each run: a cluster may have split or moved shards
         while True:
             rows = self.release_batch()
             handled = busy = 0

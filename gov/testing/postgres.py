@@ -16,6 +16,7 @@ import secrets
 import tempfile
 import warnings
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -44,13 +45,41 @@ def dbname_of(url: str) -> str:
 
 def admin(server: str, query: str, *names: str) -> None:
     """Run the named scratch statement ``query`` (``sql/queries_scratch.sql``) on ``server``
-    with ``names`` as its identifiers, outside any transaction."""
+    with ``names`` as its identifiers, outside any transaction. On a Citus coordinator,
+    CREATE and DROP DATABASE are propagated to the workers."""
     try:
         conn = psycopg.connect(server, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot reach the database server: {' '.join(str(exc).split())}") from None
     with translate_errors(), conn:
+        if _citus_workers(conn):
+            conn.execute(q("citus_propagate_databases"))
         conn.execute(sql.SQL(q(query)).format(*(sql.Identifier(n) for n in names)))
+
+
+def _citus_workers(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
+    """The workers of a Citus coordinator, or [] for any other server."""
+    ((installed,),) = conn.execute(q("citus_installed")).fetchall()
+    return [(str(h), int(p)) for h, p in conn.execute(q("citus_workers")).fetchall()] if installed else []
+
+
+def _join_cluster(server: str, dsn: str) -> None:
+    """Make the new database ``dsn`` a Citus database with the workers of ``server``'s (no-op
+    on a server without Citus): the extension on every node, then the same node list."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        workers = _citus_workers(conn)
+    if not workers:
+        return
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    for host, port in workers:
+        with psycopg.connect(psycopg.conninfo.make_conninfo(dsn, host=host, port=port), autocommit=True) as w:
+            w.execute(q("citus_create_extension"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(q("citus_create_extension"))
+        conn.execute(q("citus_coordinator_host"), {"host": parts.get("host", "127.0.0.1"),
+                                                   "port": int(parts.get("port", 5432))})
+        for host, port in workers:
+            conn.execute(q("citus_add_node"), {"host": host, "port": port})
 
 
 @contextlib.contextmanager
@@ -96,6 +125,7 @@ def scratch_database(
                 admin(url, "scratch_no_sync_commit", name)
             dsn = with_dbname(url, name)
             with translate_errors():
+                _join_cluster(url, dsn)
                 migrate.upgrade(dsn)
             yield dsn
         finally:

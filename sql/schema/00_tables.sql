@@ -170,7 +170,7 @@ CREATE TABLE gov.sends (
 -- The seed's suppression log, plus the tier whose window blocked (reason names only
 -- the window) and the count in it.
 CREATE TABLE gov.push_suppressions (
-    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id             bigint      GENERATED ALWAYS AS IDENTITY,
     user_id        text        NOT NULL,
     message_id     text        NOT NULL,
     tier           varchar(4)  NOT NULL,
@@ -186,6 +186,9 @@ CREATE TABLE gov.push_suppressions (
     -- the user's segment when decided (NULL: none); with segment caps in the policy, the
     -- windows that blocked were that segment's
     segment        text,
+    -- every key of a per-user table leads with user_id, so the table distributes by it
+    -- (70_scale_out.sql)
+    CONSTRAINT push_suppressions_pkey PRIMARY KEY (user_id, id),
     CONSTRAINT push_suppressions_action_known CHECK (action IN ('drop', 'defer', 'collapse'))
 );
 CREATE INDEX idx_suppressions_campaign ON gov.push_suppressions (campaign_id, blocked_by);
@@ -197,7 +200,7 @@ CREATE INDEX idx_suppressions_user_time ON gov.push_suppressions (user_id, creat
 -- (kind 'defer'), held by quiet hours ('quiet'), or held to be collapsed into one
 -- summary per collapse key ('collapse'). Every outcome stays as a row for analysts.
 CREATE TABLE gov.deferred (
-    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id            bigint      GENERATED ALWAYS AS IDENTITY,
     user_id       text        NOT NULL,
     message_id    text        NOT NULL,
     tier          text        NOT NULL,
@@ -214,6 +217,7 @@ CREATE TABLE gov.deferred (
     finished_at   timestamptz,
     stands_for    integer     NOT NULL DEFAULT 1,
     error         text,
+    CONSTRAINT deferred_pkey PRIMARY KEY (user_id, id),
     CONSTRAINT deferred_kind_known CHECK (kind IN ('defer', 'quiet', 'collapse')),
     CONSTRAINT deferred_state_known
         CHECK (state IN ('waiting', 'released', 'expired', 'collapsed', 'dropped', 'failed')),
@@ -237,7 +241,7 @@ CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
 -- A user's push endpoints. Budgets belong to the user, not to these rows (invariant 5):
 -- subscribing again never resets anything. A retired endpoint is kept, with when and why.
 CREATE TABLE gov.subscriptions (
-    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id             bigint      GENERATED ALWAYS AS IDENTITY,
     user_id        text        NOT NULL,
     endpoint       text        NOT NULL,
     p256dh         text        NOT NULL,
@@ -245,11 +249,14 @@ CREATE TABLE gov.subscriptions (
     created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     retired_at     timestamptz,
     retired_reason text,
+    CONSTRAINT subscriptions_pkey PRIMARY KEY (user_id, id),
     CONSTRAINT subscriptions_retired_with_reason CHECK ((retired_at IS NULL) = (retired_reason IS NULL))
 );
--- one live row per endpoint: a browser that resubscribes the same endpoint updates it
-CREATE UNIQUE INDEX subscriptions_live_endpoint ON gov.subscriptions (endpoint) WHERE retired_at IS NULL;
-CREATE INDEX subscriptions_user ON gov.subscriptions (user_id) WHERE retired_at IS NULL;
+-- one live row per user and endpoint: a browser that resubscribes the same endpoint
+-- updates it (and one that another user subscribes is retired for the earlier one:
+-- gov.subscribe_v2, which finds it by the second index)
+CREATE UNIQUE INDEX subscriptions_live_endpoint ON gov.subscriptions (user_id, endpoint) WHERE retired_at IS NULL;
+CREATE INDEX subscriptions_endpoint ON gov.subscriptions (endpoint) WHERE retired_at IS NULL;
 
 -- What a message says, kept for delivery now or at release later.
 CREATE TABLE gov.message_content (
@@ -270,10 +277,10 @@ CREATE TABLE gov.message_content (
 -- claim_token is the fencing token: every claim increments it, and an outcome is
 -- recorded only with the token of the claim that still holds the row (invariant 12).
 CREATE TABLE gov.outbox (
-    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
     user_id         text        NOT NULL,
     message_id      text        NOT NULL,
-    subscription_id bigint      NOT NULL REFERENCES gov.subscriptions,
+    subscription_id bigint      NOT NULL,
     state           text        NOT NULL DEFAULT 'pending',
     attempts        integer     NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL,
@@ -284,6 +291,9 @@ CREATE TABLE gov.outbox (
     created_at      timestamptz NOT NULL,
     finished_at     timestamptz,
     claim_token     bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT outbox_pkey PRIMARY KEY (user_id, id),
+    CONSTRAINT outbox_subscription_known FOREIGN KEY (user_id, subscription_id)
+        REFERENCES gov.subscriptions (user_id, id),
     CONSTRAINT outbox_state_known CHECK (state IN ('pending', 'sending', 'delivered', 'failed', 'gone', 'expired')),
     CONSTRAINT outbox_lease_while_sending CHECK ((state = 'sending') = (lease_until IS NOT NULL)),
     CONSTRAINT outbox_one_row_per_endpoint UNIQUE (user_id, message_id, subscription_id)
@@ -295,8 +305,8 @@ CREATE INDEX outbox_subscription_todo ON gov.outbox (subscription_id) WHERE stat
 
 -- Every attempt's outcome, for operators and analysts.
 CREATE TABLE gov.delivery_attempts (
-    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    outbox_id       bigint      NOT NULL REFERENCES gov.outbox ON DELETE CASCADE,
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
+    outbox_id       bigint      NOT NULL,
     user_id         text        NOT NULL,
     message_id      text        NOT NULL,
     subscription_id bigint      NOT NULL,
@@ -307,6 +317,9 @@ CREATE TABLE gov.delivery_attempts (
     retry_after_ms  bigint,
     error           text,
     attempted_at    timestamptz NOT NULL,
+    CONSTRAINT delivery_attempts_pkey PRIMARY KEY (user_id, id),
+    CONSTRAINT delivery_attempts_outbox_known FOREIGN KEY (user_id, outbox_id)
+        REFERENCES gov.outbox (user_id, id) ON DELETE CASCADE,
     CONSTRAINT delivery_attempts_outcome_known
         CHECK (outcome IN ('accepted', 'gone', 'throttled', 'transient', 'rejected', 'unauthorized', 'expired'))
 );
@@ -321,17 +334,18 @@ CREATE INDEX delivery_attempts_origin_time ON gov.delivery_attempts (origin, att
 -- One row per (user, message, subscription, event): a beacon sent twice, or a message
 -- a push service accepted twice (delivery is at least once), is recorded once.
 CREATE TABLE gov.push_events (
-    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              bigint      GENERATED ALWAYS AS IDENTITY,
     user_id         text        NOT NULL,
     message_id      text        NOT NULL,
     subscription_id bigint,
     event           text        NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT push_events_pkey PRIMARY KEY (user_id, id),
     -- an event belongs to a decided message: an unknown id is refused, never guessed at
     CONSTRAINT push_events_message_known FOREIGN KEY (user_id, message_id)
         REFERENCES gov.messages (user_id, message_id) ON DELETE CASCADE,
-    CONSTRAINT push_events_subscription_known FOREIGN KEY (subscription_id)
-        REFERENCES gov.subscriptions (id) ON DELETE CASCADE,
+    CONSTRAINT push_events_subscription_known FOREIGN KEY (user_id, subscription_id)
+        REFERENCES gov.subscriptions (user_id, id) ON DELETE CASCADE,
     CONSTRAINT push_events_event_known
         CHECK (event IN ('accepted', 'display', 'click', 'close', 'unsubscribe')),
     -- NULLS NOT DISTINCT: a beacon that names no subscription is recorded once too

@@ -120,15 +120,23 @@ $$;
 -- own (anything but engaged, casual, dormant) is left alone: the app owns that user's
 -- segment until it sets it back to none (NULL). Returns per rule-based segment the
 -- users now in it and how many of them changed.
+-- PL/pgSQL in steps (classify, then upsert): on a Citus cluster a SQL function's parameters,
+-- and a lateral join to a CTE, cannot be planned into a query on a distributed table.
 CREATE FUNCTION gov.refresh_segments_v1(p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (segment text, users bigint, changed bigint)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows jsonb;
+BEGIN
+    -- Classify first, then write: on a Citus cluster what reads gov's tables runs on the
+    -- shards (MATERIALIZED), the classification on its rows, and the upsert per shard.
     WITH clock AS (
         SELECT coalesce(p_now, clock_timestamp()) AS t,
                coalesce((SELECT s.segment_engaged_ms FROM gov.settings s), 604800000) AS engaged_ms,
                coalesce((SELECT s.segment_dormant_ms FROM gov.settings s), 2592000000) AS dormant_ms
     ),
-    known AS (
+    known AS MATERIALIZED (
         SELECT k.user_id, min(k.since) AS since
           FROM (SELECT s.user_id, s.created_at AS since FROM gov.subscriptions s
                 UNION ALL
@@ -137,32 +145,43 @@ LANGUAGE sql AS $$
          WHERE k.since <= clock.t
          GROUP BY k.user_id
     ),
-    classified AS (
-        SELECT k.user_id, old.segment AS old_segment,
-               CASE WHEN lc.at > clock.t - clock.engaged_ms * interval '1 millisecond' THEN 'engaged'
-                    WHEN coalesce(lc.at, k.since) <= clock.t - clock.dormant_ms * interval '1 millisecond'
-                         THEN 'dormant'
-                    ELSE 'casual' END AS segment
-          FROM known k
-         CROSS JOIN clock
-          LEFT JOIN LATERAL (SELECT max(e.created_at) AS at FROM gov.push_events e
-                              WHERE e.user_id = k.user_id AND e.event = 'click'
-                                AND e.created_at <= clock.t) lc ON true
-          LEFT JOIN gov.users old ON old.user_id = k.user_id
-         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')
+    last_click AS MATERIALIZED (
+        SELECT e.user_id, max(e.created_at) AS at
+          FROM gov.push_events e CROSS JOIN clock
+         WHERE e.event = 'click' AND e.created_at <= clock.t
+         GROUP BY e.user_id
     ),
-    written AS (
-        INSERT INTO gov.users AS u (user_id, segment)
-        SELECT c.user_id, c.segment FROM classified c
-        ON CONFLICT (user_id) DO UPDATE
-           SET segment = excluded.segment,
-               updated_at = CASE WHEN u.segment IS DISTINCT FROM excluded.segment
-                                 THEN clock_timestamp() ELSE u.updated_at END
-         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')
-        RETURNING u.user_id, u.segment
+    old AS MATERIALIZED (
+        SELECT u.user_id, u.segment FROM gov.users u
     )
-    SELECT w.segment, count(*), count(*) FILTER (WHERE c.old_segment IS DISTINCT FROM w.segment)
-      FROM written w JOIN classified c ON c.user_id = w.user_id
-     GROUP BY w.segment
-     ORDER BY w.segment;
+    SELECT coalesce(jsonb_agg(jsonb_build_object('user_id', c.user_id, 'old_segment', c.old_segment,
+                                                  'segment', c.segment)), '[]')
+      INTO v_rows
+      FROM (SELECT k.user_id, old.segment AS old_segment,
+                   CASE WHEN lc.at > clock.t - clock.engaged_ms * interval '1 millisecond' THEN 'engaged'
+                        WHEN coalesce(lc.at, k.since) <= clock.t - clock.dormant_ms * interval '1 millisecond'
+                             THEN 'dormant'
+                        ELSE 'casual' END AS segment
+              FROM known k
+             CROSS JOIN clock
+              LEFT JOIN last_click lc ON lc.user_id = k.user_id
+              LEFT JOIN old ON old.user_id = k.user_id
+             WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')) c;
+
+    INSERT INTO gov.users AS u (user_id, segment)
+    SELECT c.user_id, c.segment FROM jsonb_to_recordset(v_rows) AS c (user_id text, segment text)
+    ON CONFLICT (user_id) DO UPDATE
+       SET segment = excluded.segment,
+           -- excluded.updated_at is the insert's default (clock_timestamp()): Citus admits
+           -- no volatile call in DO UPDATE SET
+           updated_at = CASE WHEN u.segment IS DISTINCT FROM excluded.segment
+                             THEN excluded.updated_at ELSE u.updated_at END
+     WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant');
+
+    RETURN QUERY
+    SELECT c.segment, count(*), count(*) FILTER (WHERE c.old_segment IS DISTINCT FROM c.segment)
+      FROM jsonb_to_recordset(v_rows) AS c (user_id text, old_segment text, segment text)
+     GROUP BY c.segment
+     ORDER BY c.segment;
+END;
 $$;

@@ -87,6 +87,7 @@ DECLARE
     v_free_at timestamptz;
     v_segment text;
     v_seg_key text;
+    v_uc      jsonb;
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -121,6 +122,13 @@ BEGIN
         -- '' (no segment's name) for none: the rule query then has one shape for every
         -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
         v_seg_key := coalesce(v_segment, '');
+        -- The user's own caps, read alone: the rule query below then reads only policy
+        -- tables, which on a Citus cluster are reference tables beside the user's shard
+        -- (a join of those with a distributed table is not pushed down).
+        SELECT coalesce(jsonb_agg(jsonb_build_object('scope', u.scope, 'window_ms', u.window_ms, 'cap', u.cap)),
+                        '[]')
+          INTO v_uc
+          FROM gov.user_caps u WHERE u.user_id = p_user_id;
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
         IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -182,7 +190,8 @@ BEGIN
                                2, CASE WHEN tc.consumes = p_tier THEN -100
                                        ELSE -substr(tc.consumes, 2)::int END
                           FROM gov.tier_consumes tc
-                          JOIN gov.user_caps uo ON uo.user_id = p_user_id AND uo.scope = tc.consumes
+                          JOIN jsonb_to_recordset(v_uc) AS uo(scope text, window_ms bigint, cap integer)
+                            ON uo.scope = tc.consumes
                          WHERE tc.tier = p_tier
                            AND EXISTS (SELECT 1 FROM gov.segment_caps s
                                         WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
@@ -197,8 +206,8 @@ BEGIN
                           FROM gov.caps c
                          WHERE c.scope = 'global'
                        ) x
-                  LEFT JOIN gov.user_caps uc
-                         ON uc.user_id = p_user_id AND uc.scope = x.scope AND uc.window_ms = x.window_ms
+                  LEFT JOIN jsonb_to_recordset(v_uc) AS uc(scope text, window_ms bigint, cap integer)
+                         ON uc.scope = x.scope AND uc.window_ms = x.window_ms
                  ORDER BY x.ord1, x.ord2, x.window_ms
             LOOP
                 SELECT count(*) INTO v_used
@@ -250,14 +259,13 @@ BEGIN
             RETURN;
         END IF;
 
-        -- Every rule passed: spend one slot in each budget.
+        -- Every rule passed: spend one slot in each budget. The budgets are gathered
+        -- first, so the insert reads no policy table (Citus plans it as one shard's insert).
         INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT p_user_id, tc.consumes, v_now, p_message_id
-          FROM gov.tier_consumes tc WHERE tc.tier = p_tier
-        UNION ALL
-        SELECT p_user_id, 'topic:' || p_topic, v_now, p_message_id WHERE p_topic IS NOT NULL
-        UNION ALL
-        SELECT p_user_id, 'global', v_now, p_message_id;
+        SELECT p_user_id, b, v_now, p_message_id
+          FROM unnest(ARRAY(SELECT tc.consumes FROM gov.tier_consumes tc WHERE tc.tier = p_tier)
+                      || CASE WHEN p_topic IS NOT NULL THEN ARRAY['topic:' || p_topic] ELSE '{}'::text[] END
+                      || ARRAY['global']) b;
     END IF;
 
     IF p_release THEN
@@ -381,9 +389,13 @@ BEGIN
 END;
 $$;
 
--- One outbox row per live endpoint of the user, for an allowed message.
+-- One outbox row per live endpoint of the user, for an allowed message. PL/pgSQL, not
+-- SQL: Citus cannot plan a SQL function's parameters into a query on a distributed table.
 CREATE FUNCTION gov.fan_out(p_user_id text, p_message_id text, p_now timestamptz) RETURNS bigint[]
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
     WITH fan AS (
         INSERT INTO gov.outbox (user_id, message_id, subscription_id, next_attempt_at, created_at)
         SELECT p_user_id, p_message_id, s.id, p_now, p_now
@@ -392,7 +404,9 @@ LANGUAGE sql AS $$
          ORDER BY s.id
         RETURNING id
     )
-    SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM fan;
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ids FROM fan;
+    RETURN v_ids;
+END;
 $$;
 
 -- ---------------------------------------------------------------- campaigns in bulk
@@ -404,7 +418,10 @@ $$;
 -- batches never wait on each other in a cycle (a single send locks one user only).
 -- Callers keep batches modest (gov.Governor.decide_many: 500): every user lock is held
 -- until the batch commits, and they share the server's lock table.
-CREATE FUNCTION gov.decide_many_v1(
+-- p_shard_key: on a Citus cluster the batch is one shard's users and is decided on the
+-- worker that holds them (gov.shard_groups_v1 splits an audience); NULL on one server.
+CREATE FUNCTION gov.decide_many_v2(
+    p_shard_key   text,
     p_user_ids    text[],
     p_message_id  text,
     p_tier        text,
@@ -426,6 +443,7 @@ DECLARE
     v_now  timestamptz := coalesce(p_now, clock_timestamp());
     r_user record;
 BEGIN
+    PERFORM gov.require_one_shard(p_shard_key, p_user_ids);
     FOR r_user IN SELECT DISTINCT u AS id FROM unnest(p_user_ids) u ORDER BY 1 LOOP
         RETURN QUERY
         SELECT r_user.id, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, d.repeated
@@ -435,7 +453,8 @@ END;
 $$;
 
 -- The same for sends: decide, store the content, fan out or hold, per user.
-CREATE FUNCTION gov.send_many_v1(
+CREATE FUNCTION gov.send_many_v2(
+    p_shard_key    text,
     p_user_ids     text[],
     p_message_id   text,
     p_tier         text,
@@ -458,6 +477,7 @@ DECLARE
     v_now  timestamptz := coalesce(p_now, clock_timestamp());
     r_user record;
 BEGIN
+    PERFORM gov.require_one_shard(p_shard_key, p_user_ids);
     FOR r_user IN SELECT DISTINCT u AS id FROM unnest(p_user_ids) u ORDER BY 1 LOOP
         RETURN QUERY
         SELECT r_user.id, s.allowed, s.action, s.reason, s.repeated, s.outbox_ids

@@ -1,5 +1,5 @@
 -- gov: a suppressed message that still has value is held in gov.deferred (its tier's
--- defer, quiet hours, or a collapse group), then released: gov.release_due_v1 decides each
+-- defer, quiet hours, or a collapse group), then released: gov.release_due_v2 decides each
 -- due row again through gov.decide_core and sends, holds again, or ends it.
 
 -- ---------------------------------------------------------------- holding
@@ -106,7 +106,7 @@ BEGIN
                AND d.collapsed_into = v_carrier.message_id;
             UPDATE gov.deferred d
                SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
-             WHERE d.id = v_carrier.id;
+             WHERE d.user_id = p_user_id AND d.id = v_carrier.id;
         END IF;
     END IF;
     INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
@@ -147,7 +147,7 @@ BEGIN
        AND d.collapsed_into = v_carrier.message_id;
     UPDATE gov.deferred d
        SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
-     WHERE d.id = v_carrier.id;
+     WHERE d.user_id = p_user_id AND d.id = v_carrier.id;
     UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', v_carrier.stands_for + 1)
      WHERE c.user_id = p_user_id AND c.message_id = p_message_id;
 END;
@@ -155,9 +155,10 @@ $$;
 
 -- ---------------------------------------------------------------- releasing
 
--- Release what is due: take up to p_limit waiting rows whose time has come (SKIP
--- LOCKED, so concurrent releasers never take one message twice) and decide each again
--- now through the same decision (gov.release_one). Returns one row per row taken.
+-- Release what is due in one shard: take up to p_limit waiting rows whose time has come
+-- (SKIP LOCKED, so concurrent releasers never take one message twice) and decide each
+-- again now through the same decision (gov.release_one). Returns one row per row taken.
+-- p_shard_key: the shard to release from (NULL on one server; 70_scale_out.sql).
 --
 -- Locks: a releaser holds the rows it took and takes each user's decision lock with a
 -- try (pg_try_advisory_xact_lock), never a wait. A sender holds the user's lock and may
@@ -169,7 +170,7 @@ $$;
 -- (a tier the policy no longer defines, content that no longer fits, anything raised)
 -- rolls back that row's work only, and the row ends 'failed' with the error text, with
 -- the messages a collapse carrier stood for. The rest of the batch goes on.
-CREATE FUNCTION gov.release_due_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
+CREATE FUNCTION gov.release_due_v2(p_shard_key text, p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -181,12 +182,13 @@ DECLARE
 BEGIN
     -- No LIMIT in the query: a busy row must not take the place of one that can go, so
     -- the loop counts what it handled and stops at p_limit (rows are locked as fetched).
-    FOR r_due IN
+    FOR r_due IN EXECUTE format($q$
         SELECT d.*
-          FROM gov.deferred d
-         WHERE d.state = 'waiting' AND d.release_at <= v_now
+          FROM %s d
+         WHERE d.state = 'waiting' AND d.release_at <= $1
          ORDER BY d.release_at, d.id
            FOR UPDATE SKIP LOCKED
+        $q$, gov.shard_relation('gov.deferred', p_shard_key)) USING v_now
     LOOP
         EXIT WHEN v_handled >= p_limit;
         IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
@@ -200,7 +202,7 @@ BEGIN
             GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
             v_error := left(v_error, 1000);
             UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = v_now
-             WHERE d.id = r_due.id;
+             WHERE d.user_id = r_due.user_id AND d.id = r_due.id;
             UPDATE gov.deferred d
                SET state = 'failed', outcome = 'failed', finished_at = v_now,
                    error = format('collapsed into %s, which failed: %s', r_due.message_id, v_error)
@@ -263,7 +265,7 @@ BEGIN
             UPDATE gov.deferred d
                SET state = o_state, outcome = o_outcome, finished_at = p_now,
                    collapsed_into = CASE WHEN o_state = 'collapsed' THEN p_row.message_id END
-             WHERE d.id = p_row.id;
+             WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
             RETURN;
         END IF;
 
@@ -284,7 +286,7 @@ BEGIN
                    SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
                                                                          p_row.message_id || '#' || v_next::text),
                                              p_now + interval '1 millisecond')
-                 WHERE d.id = p_row.id;
+                 WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
                 o_state := 'waiting';
                 o_outcome := v_verdict.reason;
                 RETURN;
@@ -292,7 +294,8 @@ BEGIN
         END IF;
     END IF;
 
-    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now WHERE d.id = p_row.id;
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now
+     WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
     UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now
      WHERE d.user_id = p_row.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
        AND d.collapsed_into = p_row.message_id;

@@ -1,21 +1,28 @@
 -- gov: delivery. A user's push subscriptions, and the runner's side of the outbox:
--- claiming due rows under a fenced lease (gov.claim_outbox_v2) and recording each
--- attempt's outcome (gov.record_attempt_v2; a runner's batch: gov.record_attempts_v2).
+-- claiming due rows under a fenced lease (gov.claim_outbox_v3) and recording each
+-- attempt's outcome (gov.record_attempt_v3; a runner's batch: gov.record_attempts_v3).
 
 -- ---------------------------------------------------------------- subscriptions
 
 -- Store a browser's subscription for a user (validated in Python before it gets here).
--- The same endpoint again updates its keys and owner; a retired one stays retired.
-CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)
+-- The same endpoint again for the same user updates its keys. An endpoint is one
+-- browser's: subscribed now by another user (a shared browser that changed accounts), it
+-- stops being the earlier user's, whose row is retired, not handed over, so nothing
+-- queued for them is ever sent to the new user's browser.
+CREATE FUNCTION gov.subscribe_v2(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_id bigint;
+    v_id  bigint;
+    v_now timestamptz := clock_timestamp();  -- a variable: Citus refuses volatile calls in an UPDATE
 BEGIN
+    UPDATE gov.subscriptions s
+       SET retired_at = v_now, retired_reason = 'subscribed by another user'
+     WHERE s.endpoint = p_endpoint AND s.user_id <> p_user_id AND s.retired_at IS NULL;
     INSERT INTO gov.subscriptions (user_id, endpoint, p256dh, auth)
     VALUES (p_user_id, p_endpoint, p_p256dh, p_auth)
-    ON CONFLICT (endpoint) WHERE retired_at IS NULL
-    DO UPDATE SET user_id = excluded.user_id, p256dh = excluded.p256dh, auth = excluded.auth
+    ON CONFLICT (user_id, endpoint) WHERE retired_at IS NULL
+    DO UPDATE SET p256dh = excluded.p256dh, auth = excluded.auth
     RETURNING id INTO v_id;
     RETURN v_id;
 END;
@@ -23,22 +30,24 @@ $$;
 
 -- ---------------------------------------------------------------- the outbox
 
--- Claim due outbox rows for one worker: pending rows whose time has come, and rows
--- whose lease ran out (their worker died or overran). SKIP LOCKED lets runners claim
--- side by side without waiting on each other; the lease is committed, so no transaction
--- stays open across the HTTP call. Every claim increments the row's claim_token, the
--- fencing token gov.record_attempt_v2 requires: a runner whose lease ran out and whose
--- row was claimed again can no longer record anything for it. A row whose endpoint was
--- retired meanwhile (a 404/410 for another message) ends 'gone' here, unsent and not
--- returned. Content, message and tier are joined loosely, so a row whose content is
--- missing is returned (and failed by the runner) rather than claimed and lost.
+-- Claim due outbox rows of one shard for one worker: pending rows whose time has come,
+-- and rows whose lease ran out (their worker died or overran). SKIP LOCKED lets runners
+-- claim side by side without waiting on each other; the lease is committed, so no
+-- transaction stays open across the HTTP call. Every claim increments the row's
+-- claim_token, the fencing token gov.record_attempt_v3 requires: a runner whose lease
+-- ran out and whose row was claimed again can no longer record anything for it. A row
+-- whose endpoint was retired meanwhile (a 404/410 for another message) ends 'gone' here,
+-- unsent and not returned. Content, message and tier are joined loosely, so a row whose
+-- content is missing is returned (and failed by the runner) rather than claimed and lost.
+-- p_shard_key: the shard to claim from (NULL on one server; 70_scale_out.sql).
 -- p_ids restricts the claim to given rows (gov.send's immediate attempt).
-CREATE FUNCTION gov.claim_outbox_v2(
-    p_worker   text,
-    p_limit    integer,
-    p_lease_ms bigint,
-    p_now      timestamptz DEFAULT NULL,
-    p_ids      bigint[]    DEFAULT NULL
+CREATE FUNCTION gov.claim_outbox_v3(
+    p_shard_key text,
+    p_worker    text,
+    p_limit     integer,
+    p_lease_ms  bigint,
+    p_now       timestamptz DEFAULT NULL,
+    p_ids       bigint[]    DEFAULT NULL
 ) RETURNS TABLE (
     outbox_id       bigint,
     claim_token     bigint,
@@ -65,42 +74,46 @@ BEGIN
     IF p_lease_ms IS NULL OR p_lease_ms < 1 THEN
         RAISE EXCEPTION 'lease must be positive, got % ms', p_lease_ms USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY
+    RETURN QUERY EXECUTE format($q$
     WITH due AS (
-        SELECT o.id, s.retired_at IS NOT NULL AS retired
-          FROM gov.outbox o
-          JOIN gov.subscriptions s ON s.id = o.subscription_id
-         WHERE ((o.state = 'pending' AND o.next_attempt_at <= v_now)
-             OR (o.state = 'sending' AND o.lease_until <= v_now))
-           AND (p_ids IS NULL OR o.id = ANY (p_ids))
+        SELECT o.user_id, o.id, s.retired_at IS NOT NULL AS retired
+          FROM %1$s o
+          JOIN %2$s s ON s.user_id = o.user_id AND s.id = o.subscription_id
+         WHERE ((o.state = 'pending' AND o.next_attempt_at <= $1)
+             OR (o.state = 'sending' AND o.lease_until <= $1))
+           AND ($2 IS NULL OR o.id = ANY ($2))
          ORDER BY o.next_attempt_at, o.id
-         LIMIT p_limit
+         LIMIT $3
            FOR UPDATE OF o SKIP LOCKED
     ), claimed AS (
-        UPDATE gov.outbox o
+        UPDATE %1$s o
            SET state       = CASE WHEN due.retired THEN 'gone' ELSE 'sending' END,
                attempts    = o.attempts + CASE WHEN due.retired THEN 0 ELSE 1 END,
                claim_token = o.claim_token + 1,
-               leased_by   = CASE WHEN due.retired THEN NULL ELSE p_worker END,
+               leased_by   = CASE WHEN due.retired THEN NULL ELSE $4 END,
                lease_until = CASE WHEN due.retired THEN NULL
-                                  ELSE v_now + p_lease_ms * interval '1 millisecond' END,
-               finished_at = CASE WHEN due.retired THEN v_now ELSE o.finished_at END,
+                                  ELSE $1 + $5 * interval '1 millisecond' END,
+               finished_at = CASE WHEN due.retired THEN $1 ELSE o.finished_at END,
                last_error  = CASE WHEN due.retired THEN 'not sent: the endpoint was retired' ELSE o.last_error END
           FROM due
-         WHERE o.id = due.id
+         WHERE o.user_id = due.user_id AND o.id = due.id
         RETURNING o.*, due.retired
     )
     SELECT c.id, c.claim_token, c.user_id, c.message_id, m.tier, c.attempts, s.id, s.endpoint, s.p256dh, s.auth,
            mc.content, mc.collapse_key,
-           greatest(0, floor(extract(epoch FROM mc.expires_at - v_now)))::integer,
+           greatest(0, floor(extract(epoch FROM mc.expires_at - $1)))::integer,
            t.urgency
       FROM claimed c
-      JOIN gov.subscriptions s ON s.id = c.subscription_id
-      LEFT JOIN gov.messages m ON m.user_id = c.user_id AND m.message_id = c.message_id
-      LEFT JOIN gov.message_content mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
-      LEFT JOIN gov.tiers t ON t.tier = m.tier
+      JOIN %2$s s ON s.user_id = c.user_id AND s.id = c.subscription_id
+      LEFT JOIN %3$s m ON m.user_id = c.user_id AND m.message_id = c.message_id
+      LEFT JOIN %4$s mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
+      LEFT JOIN %5$s t ON t.tier = m.tier
      WHERE NOT c.retired
-     ORDER BY c.id;
+     ORDER BY c.id
+    $q$, gov.shard_relation('gov.outbox', p_shard_key), gov.shard_relation('gov.subscriptions', p_shard_key),
+         gov.shard_relation('gov.messages', p_shard_key), gov.shard_relation('gov.message_content', p_shard_key),
+         gov.shard_relation('gov.tiers', p_shard_key))
+    USING v_now, p_ids, p_limit, p_worker, p_lease_ms;
 END;
 $$;
 
@@ -116,7 +129,8 @@ $$;
 -- whose claim token is no longer the row's (its lease ran out and another runner claimed
 -- the row), or for a row no longer being sent, changes nothing, logs nothing, and returns
 -- 'stale' ('gone' when the row was ended by its endpoint's 404/410).
-CREATE FUNCTION gov.record_attempt_v2(
+CREATE FUNCTION gov.record_attempt_v3(
+    p_user_id        text,
     p_outbox_id      bigint,
     p_claim_token    bigint,
     p_worker         text,
@@ -138,7 +152,7 @@ DECLARE
     v_next    timestamptz;
     v_state   text;
 BEGIN
-    SELECT * INTO v_row FROM gov.outbox o WHERE o.id = p_outbox_id FOR UPDATE;
+    SELECT * INTO v_row FROM gov.outbox o WHERE o.user_id = p_user_id AND o.id = p_outbox_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'stale';
     END IF;
@@ -149,7 +163,7 @@ BEGIN
     IF p_outcome = 'released' THEN
         UPDATE gov.outbox
            SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL
-         WHERE id = p_outbox_id;
+         WHERE user_id = p_user_id AND id = p_outbox_id;
         RETURN 'released';
     END IF;
 
@@ -168,7 +182,7 @@ BEGIN
         -- by id: a refreshed endpoint is a new row, so a late 410 cannot retire it
         UPDATE gov.subscriptions s
            SET retired_at = v_now, retired_reason = 'push service answered ' || coalesce(p_status::text, 'gone')
-         WHERE s.id = v_row.subscription_id AND s.retired_at IS NULL;
+         WHERE s.user_id = p_user_id AND s.id = v_row.subscription_id AND s.retired_at IS NULL;
         -- the endpoint's other rows still to do end now, unsent, whoever holds them (their
         -- holders' records are then fenced off); a row whose holder is recording it right
         -- now is skipped, not waited for: its next claim ends it, as the endpoint is retired
@@ -177,8 +191,10 @@ BEGIN
                last_status = p_status,
                last_error = 'not sent: the endpoint answered ' || coalesce(p_status::text, 'gone')
                             || ' to message ' || v_row.message_id
-         WHERE o.id IN (SELECT x.id FROM gov.outbox x
-                         WHERE x.subscription_id = v_row.subscription_id AND x.id <> p_outbox_id
+         WHERE o.user_id = p_user_id
+           AND o.id IN (SELECT x.id FROM gov.outbox x
+                         WHERE x.user_id = p_user_id AND x.subscription_id = v_row.subscription_id
+                           AND x.id <> p_outbox_id
                            AND x.state IN ('pending', 'sending')
                            FOR UPDATE SKIP LOCKED);
     ELSIF p_outcome IN ('rejected', 'expired') THEN
@@ -204,7 +220,7 @@ BEGIN
            next_attempt_at = coalesce(v_next, next_attempt_at),
            last_status = p_status, last_error = left(p_error, 2000),
            finished_at = CASE WHEN v_state = 'pending' THEN NULL ELSE v_now END
-     WHERE id = p_outbox_id;
+     WHERE user_id = p_user_id AND id = p_outbox_id;
     RETURN v_state;
 END;
 $$;
@@ -213,11 +229,11 @@ $$;
 
 -- One call and one commit for a runner's batch instead of one per message: a durable
 -- commit is the largest single cost of a write (PERFORMANCE.md). Each element is
--- {"outbox_id", "claim_token", "origin", "outcome", "status", "retry_after_ms", "error"};
--- each is recorded exactly as gov.record_attempt_v2 would (fenced by its claim token:
+-- {"user_id", "outbox_id", "claim_token", "origin", "outcome", "status", "retry_after_ms",
+-- "error"}; each is recorded exactly as gov.record_attempt_v3 would (fenced by its claim token:
 -- 'stale' for a row this runner no longer holds), in outbox id order (the order claims
 -- lock rows in, so two runners never wait on each other in a cycle).
-CREATE FUNCTION gov.record_attempts_v2(
+CREATE FUNCTION gov.record_attempts_v3(
     p_worker         text,
     p_attempts       jsonb,
     p_max_attempts   integer DEFAULT 8,
@@ -233,15 +249,15 @@ BEGIN
         RAISE EXCEPTION 'attempts must be a JSON array' USING ERRCODE = '22023';
     END IF;
     FOR r_a IN
-        SELECT (e ->> 'outbox_id')::bigint AS id, (e ->> 'claim_token')::bigint AS claim_token,
+        SELECT e ->> 'user_id' AS user_id, (e ->> 'outbox_id')::bigint AS id, (e ->> 'claim_token')::bigint AS claim_token,
                e ->> 'origin' AS origin, e ->> 'outcome' AS outcome,
                (e ->> 'status')::integer AS status, (e ->> 'retry_after_ms')::bigint AS retry_after_ms,
                e ->> 'error' AS error
           FROM jsonb_array_elements(p_attempts) e
-         ORDER BY 1
+         ORDER BY 2
     LOOP
         RETURN QUERY
-        SELECT r_a.id, gov.record_attempt_v2(r_a.id, r_a.claim_token, p_worker, r_a.origin, r_a.outcome,
+        SELECT r_a.id, gov.record_attempt_v3(r_a.user_id, r_a.id, r_a.claim_token, p_worker, r_a.origin, r_a.outcome,
                                              r_a.status, r_a.retry_after_ms, r_a.error, p_max_attempts,
                                              p_backoff_ms, p_backoff_cap_ms, p_now);
     END LOOP;

@@ -103,6 +103,9 @@ $$;
 -- p_segment is a campaign id prefix ('digest-' matches digest-2026-07-26): buckets still
 -- count every send, since fatigue comes from the total, but the engagement columns
 -- count only the segment's messages ("CTR within the same campaign type").
+-- PL/pgSQL, not SQL: Citus cannot plan a SQL function's parameters into a query on a
+-- distributed table (the query is the same; #variable_conflict lets its columns keep
+-- the names of the function's output columns).
 CREATE FUNCTION gov.fatigue_report_v1(
     p_since   interval    DEFAULT '7 days',
     p_now     timestamptz DEFAULT NULL,
@@ -121,99 +124,103 @@ CREATE FUNCTION gov.fatigue_report_v1(
     close_to_click   numeric,
     crossover        boolean
 )
-LANGUAGE sql AS $$
-    WITH bounds AS (
-        SELECT b.t_end - p_since AS t_start, b.t_end
-          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
-    ),
-    delivered AS (
-        SELECT e.user_id, e.message_id
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-         GROUP BY e.user_id, e.message_id
-    ),
-    left_at AS (
-        -- when a user unsubscribed in the window: their volume is what they had received
-        -- in the p_since before that moment, not what the window holds (an early leaver's
-        -- few sends before leaving would put them in a low bucket and fake a crossover)
-        SELECT e.user_id, min(e.created_at) AS at
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-         GROUP BY e.user_id
-    ),
-    volume AS (
-        SELECT d.user_id, least(count(DISTINCT e.message_id), 8)::integer AS bucket
-          FROM (SELECT DISTINCT d0.user_id FROM delivered d0) d
-          LEFT JOIN left_at l ON l.user_id = d.user_id
-          JOIN gov.push_events e
-            ON e.user_id = d.user_id AND e.event = 'accepted'
-           AND e.created_at > coalesce(l.at, (SELECT w.t_end FROM bounds w)) - p_since
-           AND e.created_at <= coalesce(l.at, (SELECT w.t_end FROM bounds w))
-         GROUP BY d.user_id
-    ),
-    reactions AS (
-        SELECT d.user_id, d.message_id,
-               coalesce(bool_or(e.event = 'display'), false) AS displayed,
-               coalesce(bool_or(e.event = 'click'), false) AS clicked,
-               coalesce(bool_or(e.event = 'close'), false) AS closed
-          FROM delivered d
-         CROSS JOIN bounds w
-          LEFT JOIN gov.push_events e
-                 ON e.user_id = d.user_id AND e.message_id = d.message_id
-                AND e.event IN ('display', 'click', 'close') AND e.created_at <= w.t_end
-         WHERE p_segment IS NULL
-            OR EXISTS (SELECT 1 FROM gov.messages m
-                        WHERE m.user_id = d.user_id AND m.message_id = d.message_id
-                          AND starts_with(m.campaign_id, p_segment))
-         GROUP BY d.user_id, d.message_id
-    ),
-    unsubscribed AS (
-        SELECT DISTINCT e.user_id
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-    ),
-    per_user AS (
-        SELECT r.user_id, v.bucket,
-               count(*) AS accepted,
-               count(*) FILTER (WHERE r.displayed) AS displays,
-               count(*) FILTER (WHERE r.clicked) AS clicks,
-               count(*) FILTER (WHERE r.closed) AS closes
-          FROM reactions r JOIN volume v ON v.user_id = r.user_id
-         GROUP BY r.user_id, v.bucket
-    ),
-    per_bucket AS (
-        SELECT p.bucket,
-               count(*) AS subscribers,
-               sum(p.accepted)::bigint AS accepted,
-               sum(p.displays)::bigint AS displays,
-               sum(p.clicks)::bigint AS clicks,
-               sum(p.closes)::bigint AS closes,
-               count(u.user_id) AS unsubscribes
-          FROM per_user p LEFT JOIN unsubscribed u ON u.user_id = p.user_id
-         GROUP BY p.bucket
-    ),
-    steps AS (
-        SELECT b.*,
-               b.clicks::numeric / b.subscribers
-                   - lag(b.clicks::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_clicks,
-               b.unsubscribes::numeric / b.subscribers
-                   - lag(b.unsubscribes::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_unsubscribes
-          FROM per_bucket b
-    ),
-    marked AS (
-        SELECT s.*, coalesce(s.d_unsubscribes > 0 AND s.d_unsubscribes > s.d_clicks, false) AS crosses
-          FROM steps s
-    )
-    SELECT m.bucket, m.subscribers, m.accepted, m.displays, m.clicks, m.closes, m.unsubscribes,
-           round(m.clicks::numeric / nullif(m.accepted, 0), 6),
-           round(m.unsubscribes::numeric / m.subscribers, 6),
-           round(m.displays::numeric / nullif(m.accepted, 0), 6),
-           round(m.closes::numeric / nullif(m.clicks, 0), 6),
-           m.crosses AND NOT coalesce(bool_or(m.crosses) OVER (ORDER BY m.bucket
-                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-                                      false)
-      FROM marked m
-     ORDER BY m.bucket;
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH bounds AS (
+            SELECT b.t_end - p_since AS t_start, b.t_end
+              FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+        ),
+        delivered AS (
+            SELECT e.user_id, e.message_id
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+             GROUP BY e.user_id, e.message_id
+        ),
+        left_at AS (
+            -- when a user unsubscribed in the window: their volume is what they had received
+            -- in the p_since before that moment, not what the window holds (an early leaver's
+            -- few sends before leaving would put them in a low bucket and fake a crossover)
+            SELECT e.user_id, min(e.created_at) AS at
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+             GROUP BY e.user_id
+        ),
+        volume AS (
+            SELECT d.user_id, least(count(DISTINCT e.message_id), 8)::integer AS bucket
+              FROM (SELECT DISTINCT d0.user_id FROM delivered d0) d
+              LEFT JOIN left_at l ON l.user_id = d.user_id
+              JOIN gov.push_events e
+                ON e.user_id = d.user_id AND e.event = 'accepted'
+               AND e.created_at > coalesce(l.at, (SELECT w.t_end FROM bounds w)) - p_since
+               AND e.created_at <= coalesce(l.at, (SELECT w.t_end FROM bounds w))
+             GROUP BY d.user_id
+        ),
+        reactions AS (
+            SELECT d.user_id, d.message_id,
+                   coalesce(bool_or(e.event = 'display'), false) AS displayed,
+                   coalesce(bool_or(e.event = 'click'), false) AS clicked,
+                   coalesce(bool_or(e.event = 'close'), false) AS closed
+              FROM delivered d
+             CROSS JOIN bounds w
+              LEFT JOIN gov.push_events e
+                     ON e.user_id = d.user_id AND e.message_id = d.message_id
+                    AND e.event IN ('display', 'click', 'close') AND e.created_at <= w.t_end
+             WHERE p_segment IS NULL
+                OR EXISTS (SELECT 1 FROM gov.messages m
+                            WHERE m.user_id = d.user_id AND m.message_id = d.message_id
+                              AND starts_with(m.campaign_id, p_segment))
+             GROUP BY d.user_id, d.message_id
+        ),
+        unsubscribed AS (
+            SELECT DISTINCT e.user_id
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+        ),
+        per_user AS (
+            SELECT r.user_id, v.bucket,
+                   count(*) AS accepted,
+                   count(*) FILTER (WHERE r.displayed) AS displays,
+                   count(*) FILTER (WHERE r.clicked) AS clicks,
+                   count(*) FILTER (WHERE r.closed) AS closes
+              FROM reactions r JOIN volume v ON v.user_id = r.user_id
+             GROUP BY r.user_id, v.bucket
+        ),
+        per_bucket AS (
+            SELECT p.bucket,
+                   count(*) AS subscribers,
+                   sum(p.accepted)::bigint AS accepted,
+                   sum(p.displays)::bigint AS displays,
+                   sum(p.clicks)::bigint AS clicks,
+                   sum(p.closes)::bigint AS closes,
+                   count(u.user_id) AS unsubscribes
+              FROM per_user p LEFT JOIN unsubscribed u ON u.user_id = p.user_id
+             GROUP BY p.bucket
+        ),
+        steps AS (
+            SELECT b.*,
+                   b.clicks::numeric / b.subscribers
+                       - lag(b.clicks::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_clicks,
+                   b.unsubscribes::numeric / b.subscribers
+                       - lag(b.unsubscribes::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_unsubscribes
+              FROM per_bucket b
+        ),
+        marked AS (
+            SELECT s.*, coalesce(s.d_unsubscribes > 0 AND s.d_unsubscribes > s.d_clicks, false) AS crosses
+              FROM steps s
+        )
+        SELECT m.bucket, m.subscribers, m.accepted, m.displays, m.clicks, m.closes, m.unsubscribes,
+               round(m.clicks::numeric / nullif(m.accepted, 0), 6),
+               round(m.unsubscribes::numeric / m.subscribers, 6),
+               round(m.displays::numeric / nullif(m.accepted, 0), 6),
+               round(m.closes::numeric / nullif(m.clicks, 0), 6),
+               m.crosses AND NOT coalesce(bool_or(m.crosses) OVER (ORDER BY m.bucket
+                                                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                          false)
+          FROM marked m
+         ORDER BY m.bucket;
+END;
 $$;
 
 -- ---------------------------------------------------------------- the marginal fatigue measure
@@ -327,6 +334,8 @@ $$;
 --                rate exceeds its click rate but no bound confirms it (more_sends: how many
 --                more sends at the same rates would, for the nearest such group);
 --                'not reached' when no group's does
+-- PL/pgSQL, not SQL: Citus cannot plan a SQL function's parameters into a query on a
+-- distributed table (#variable_conflict lets the columns keep the output columns' names).
 CREATE FUNCTION gov.fatigue_marginal_v1(
     p_since     interval    DEFAULT '28 days',
     p_now       timestamptz DEFAULT NULL,
@@ -350,122 +359,145 @@ CREATE FUNCTION gov.fatigue_marginal_v1(
     verdict          text,
     more_sends       bigint
 )
-LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE bounds AS (
-        SELECT b.t_end - p_since AS t_start, b.t_end
-          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
-    ),
-    accepted AS (
-        SELECT e.user_id, e.message_id, min(e.created_at) AS at
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'accepted' AND e.created_at > w.t_start - interval '7 days' AND e.created_at <= w.t_end
-         GROUP BY e.user_id, e.message_id
-    ),
-    numbered AS (
-        SELECT a.user_id, a.message_id, a.at,
-               row_number() OVER (PARTITION BY a.user_id ORDER BY a.at, a.message_id) AS rn,
-               count(*) OVER (PARTITION BY a.user_id ORDER BY a.at
-                              RANGE BETWEEN UNBOUNDED PRECEDING AND interval '7 days' PRECEDING) AS aged
-          FROM accepted a
-    ),
-    left_at AS (
-        SELECT DISTINCT ON (e.user_id) e.user_id, e.message_id, e.created_at AS at
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'unsubscribe' AND e.created_at <= w.t_end
-         ORDER BY e.user_id, e.created_at, e.id
-    ),
-    charged AS (
-        SELECT l.user_id,
-               coalesce((SELECT n.rn FROM numbered n
-                          WHERE n.user_id = l.user_id AND n.message_id = l.message_id AND n.at <= l.at),
-                        (SELECT max(n.rn) FROM numbered n WHERE n.user_id = l.user_id AND n.at <= l.at),
-                        0) AS rn
-          FROM left_at l
-    ),
-    counted AS (
-        SELECT coalesce(u.segment, '(none)') AS segment,
-               (n.rn - 1 - n.aged)::integer AS position,
-               EXISTS (SELECT 1 FROM gov.push_events x
-                        WHERE x.user_id = n.user_id AND x.message_id = n.message_id
-                          AND x.event = 'click' AND x.created_at <= w.t_end) AS clicked,
-               coalesce(n.rn = c.rn, false) AS unsubscribed
-          FROM numbered n CROSS JOIN bounds w
-          LEFT JOIN charged c ON c.user_id = n.user_id
-          LEFT JOIN gov.user_segments u ON u.user_id = n.user_id
-         WHERE n.at > w.t_start AND (c.rn IS NULL OR n.rn <= c.rn)
-    ),
-    per_position AS (
-        SELECT k.segment, k.position, k.sends, k.clicks, k.unsubscribes,
-               row_number() OVER (PARTITION BY k.segment ORDER BY k.position) AS ord
-          FROM (SELECT coalesce(c.segment, '*') AS segment, c.position, count(*) AS sends,
-                       count(*) FILTER (WHERE c.clicked) AS clicks,
-                       count(*) FILTER (WHERE c.unsubscribed) AS unsubscribes
-                  FROM counted c
-                 GROUP BY GROUPING SETS ((c.segment, c.position), (c.position))) k
-    ),
-    walk AS (  -- merge upward: a group closes once it holds p_min_sends sends
-        SELECT p.segment, p.ord, 1 AS group_no, p.sends AS held
-          FROM per_position p WHERE p.ord = 1
-        UNION ALL
-        SELECT p.segment, p.ord,
-               w.group_no + CASE WHEN w.held >= p_min_sends THEN 1 ELSE 0 END,
-               CASE WHEN w.held >= p_min_sends THEN p.sends ELSE w.held + p.sends END
-          FROM walk w JOIN per_position p ON p.segment = w.segment AND p.ord = w.ord + 1
-    ),
-    walked AS (
-        SELECT p.*, w.group_no, max(w.group_no) OVER (PARTITION BY p.segment) AS last_group,
-               sum(p.sends) OVER (PARTITION BY p.segment, w.group_no) AS group_sends
-          FROM per_position p JOIN walk w ON w.segment = p.segment AND w.ord = p.ord
-    ),
-    grouped AS (  -- a last group short of p_min_sends joins the one before
-        SELECT g.segment, g.group_no::integer AS group_no, min(g.position) AS position_from,
-               max(g.position) AS position_to, sum(g.sends)::bigint AS sends,
-               sum(g.clicks)::bigint AS clicks, sum(g.unsubscribes)::bigint AS unsubscribes
-          FROM (SELECT x.segment, x.position, x.sends, x.clicks, x.unsubscribes,
-                       CASE WHEN x.group_no = x.last_group AND x.group_sends < p_min_sends AND x.last_group > 1
-                            THEN x.group_no - 1 ELSE x.group_no END AS group_no
-                  FROM walked x) g
-         GROUP BY g.segment, g.group_no
-    ),
-    rated AS (
-        SELECT g.*, g.clicks::double precision / g.sends AS pc, g.unsubscribes::double precision / g.sends AS pu,
-               ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high,
-               gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.6448536269514722) AS d_low,
-               g.unsubscribes > g.clicks AS above
-          FROM grouped g
-         CROSS JOIN LATERAL gov.wilson_interval_v1(g.clicks, g.sends) ci
-         CROSS JOIN LATERAL gov.wilson_interval_v1(g.unsubscribes, g.sends) ui
-    ),
-    tested AS (
-        SELECT r.*,
-               CASE WHEN r.above AND NOT r.d_low > 0
-                    THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.6448536269514722) END AS short_by
-          FROM rated r
-    ),
-    confirmed AS (
-        SELECT t.*, min(t.group_no) FILTER (WHERE t.d_low > 0) OVER (PARTITION BY t.segment) AS first_sure
-          FROM tested t
-    ),
-    located AS (
-        SELECT c.*,
-               CASE WHEN c.first_sure IS NOT NULL THEN
-                   coalesce(max(c.group_no) FILTER (WHERE NOT c.above AND c.group_no < c.first_sure)
-                                OVER (PARTITION BY c.segment), 0) + 1 END AS crossing,
-               bool_or(c.above) OVER (PARTITION BY c.segment) AS any_above,
-               min(c.short_by) OVER (PARTITION BY c.segment) AS fewest_short
-          FROM confirmed c
-    )
-    SELECT l.segment, l.group_no, l.position_from, l.position_to, l.sends, l.clicks, l.unsubscribes,
-           round(l.pc::numeric, 6), round(l.c_low::numeric, 6), round(l.c_high::numeric, 6),
-           round(l.pu::numeric, 6), round(l.u_low::numeric, 6), round(l.u_high::numeric, 6),
-           round(l.d_low::numeric, 6),
-           coalesce(l.group_no = l.crossing, false),
-           CASE WHEN l.crossing IS NOT NULL THEN 'crossover'
-                WHEN l.any_above THEN 'not enough data'
-                ELSE 'not reached' END,
-           CASE WHEN l.crossing IS NULL AND l.any_above THEN l.fewest_short END
-      FROM located l
-     ORDER BY l.segment = '*' DESC, l.segment, l.group_no;
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_positions jsonb;
+BEGIN
+    -- Two statements: the sends per position from the events first, then the merging walk
+    -- (a recursive CTE) over those few rows alone; on a Citus cluster a recursive CTE may
+    -- not share a statement with the distributed tables.
+        WITH bounds AS (
+            SELECT b.t_end - p_since AS t_start, b.t_end
+              FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+        ),
+        -- (what reads gov's tables is MATERIALIZED: on a Citus cluster each runs on the
+        -- shards and the rest on its few rows, with no subquery reaching back to a shard)
+        accepted AS MATERIALIZED (
+            SELECT e.user_id, e.message_id, min(e.created_at) AS at
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'accepted' AND e.created_at > w.t_start - interval '7 days' AND e.created_at <= w.t_end
+             GROUP BY e.user_id, e.message_id
+        ),
+        numbered AS (
+            SELECT a.user_id, a.message_id, a.at,
+                   row_number() OVER (PARTITION BY a.user_id ORDER BY a.at, a.message_id) AS rn,
+                   count(*) OVER (PARTITION BY a.user_id ORDER BY a.at
+                                  RANGE BETWEEN UNBOUNDED PRECEDING AND interval '7 days' PRECEDING) AS aged
+              FROM accepted a
+        ),
+        left_at AS MATERIALIZED (
+            SELECT DISTINCT ON (e.user_id) e.user_id, e.message_id, e.created_at AS at
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'unsubscribe' AND e.created_at <= w.t_end
+             ORDER BY e.user_id, e.created_at, e.id
+        ),
+        clicked AS MATERIALIZED (
+            SELECT DISTINCT e.user_id, e.message_id
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'click' AND e.created_at <= w.t_end
+        ),
+        segments AS MATERIALIZED (
+            SELECT u.user_id, u.segment FROM gov.user_segments u
+        ),
+        charged AS (  -- the unsubscribed message's number, else the last before leaving, else 0
+            SELECT l.user_id,
+                   coalesce(max(n.rn) FILTER (WHERE n.message_id = l.message_id), max(n.rn), 0) AS rn
+              FROM left_at l
+              LEFT JOIN numbered n ON n.user_id = l.user_id AND n.at <= l.at
+             GROUP BY l.user_id
+        ),
+        counted AS (
+            SELECT coalesce(u.segment, '(none)') AS segment,
+                   (n.rn - 1 - n.aged)::integer AS position,
+                   k.user_id IS NOT NULL AS clicked,
+                   coalesce(n.rn = c.rn, false) AS unsubscribed
+              FROM numbered n CROSS JOIN bounds w
+              LEFT JOIN clicked k ON k.user_id = n.user_id AND k.message_id = n.message_id
+              LEFT JOIN charged c ON c.user_id = n.user_id
+              LEFT JOIN segments u ON u.user_id = n.user_id
+             WHERE n.at > w.t_start AND (c.rn IS NULL OR n.rn <= c.rn)
+        ),
+        per_position AS (
+            SELECT k.segment, k.position, k.sends, k.clicks, k.unsubscribes,
+                   row_number() OVER (PARTITION BY k.segment ORDER BY k.position) AS ord
+              FROM (SELECT coalesce(c.segment, '*') AS segment, c.position, count(*) AS sends,
+                           count(*) FILTER (WHERE c.clicked) AS clicks,
+                           count(*) FILTER (WHERE c.unsubscribed) AS unsubscribes
+                      FROM counted c
+                     GROUP BY GROUPING SETS ((c.segment, c.position), (c.position))) k
+        )
+        SELECT coalesce(jsonb_agg(to_jsonb(pp)), '[]') INTO v_positions FROM per_position pp;
+
+    RETURN QUERY
+        WITH RECURSIVE per_position AS (
+            SELECT * FROM jsonb_to_recordset(v_positions)
+                       AS (segment text, position integer, sends bigint, clicks bigint, unsubscribes bigint, ord bigint)
+        ),
+        walk AS (  -- merge upward: a group closes once it holds p_min_sends sends
+            SELECT p.segment, p.ord, 1 AS group_no, p.sends AS held
+              FROM per_position p WHERE p.ord = 1
+            UNION ALL
+            SELECT p.segment, p.ord,
+                   w.group_no + CASE WHEN w.held >= p_min_sends THEN 1 ELSE 0 END,
+                   CASE WHEN w.held >= p_min_sends THEN p.sends ELSE w.held + p.sends END
+              FROM walk w JOIN per_position p ON p.segment = w.segment AND p.ord = w.ord + 1
+        ),
+        walked AS (
+            SELECT p.*, w.group_no, max(w.group_no) OVER (PARTITION BY p.segment) AS last_group,
+                   sum(p.sends) OVER (PARTITION BY p.segment, w.group_no) AS group_sends
+              FROM per_position p JOIN walk w ON w.segment = p.segment AND w.ord = p.ord
+        ),
+        grouped AS (  -- a last group short of p_min_sends joins the one before
+            SELECT g.segment, g.group_no::integer AS group_no, min(g.position) AS position_from,
+                   max(g.position) AS position_to, sum(g.sends)::bigint AS sends,
+                   sum(g.clicks)::bigint AS clicks, sum(g.unsubscribes)::bigint AS unsubscribes
+              FROM (SELECT x.segment, x.position, x.sends, x.clicks, x.unsubscribes,
+                           CASE WHEN x.group_no = x.last_group AND x.group_sends < p_min_sends AND x.last_group > 1
+                                THEN x.group_no - 1 ELSE x.group_no END AS group_no
+                      FROM walked x) g
+             GROUP BY g.segment, g.group_no
+        ),
+        rated AS (
+            SELECT g.*, g.clicks::double precision / g.sends AS pc, g.unsubscribes::double precision / g.sends AS pu,
+                   ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high,
+                   gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.6448536269514722) AS d_low,
+                   g.unsubscribes > g.clicks AS above
+              FROM grouped g
+             CROSS JOIN LATERAL gov.wilson_interval_v1(g.clicks, g.sends) ci
+             CROSS JOIN LATERAL gov.wilson_interval_v1(g.unsubscribes, g.sends) ui
+        ),
+        tested AS (
+            SELECT r.*,
+                   CASE WHEN r.above AND NOT r.d_low > 0
+                        THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.6448536269514722) END AS short_by
+              FROM rated r
+        ),
+        confirmed AS (
+            SELECT t.*, min(t.group_no) FILTER (WHERE t.d_low > 0) OVER (PARTITION BY t.segment) AS first_sure
+              FROM tested t
+        ),
+        located AS (
+            SELECT c.*,
+                   CASE WHEN c.first_sure IS NOT NULL THEN
+                       coalesce(max(c.group_no) FILTER (WHERE NOT c.above AND c.group_no < c.first_sure)
+                                    OVER (PARTITION BY c.segment), 0) + 1 END AS crossing,
+                   bool_or(c.above) OVER (PARTITION BY c.segment) AS any_above,
+                   min(c.short_by) OVER (PARTITION BY c.segment) AS fewest_short
+              FROM confirmed c
+        )
+        SELECT l.segment, l.group_no, l.position_from, l.position_to, l.sends, l.clicks, l.unsubscribes,
+               round(l.pc::numeric, 6), round(l.c_low::numeric, 6), round(l.c_high::numeric, 6),
+               round(l.pu::numeric, 6), round(l.u_low::numeric, 6), round(l.u_high::numeric, 6),
+               round(l.d_low::numeric, 6),
+               coalesce(l.group_no = l.crossing, false),
+               CASE WHEN l.crossing IS NOT NULL THEN 'crossover'
+                    WHEN l.any_above THEN 'not enough data'
+                    ELSE 'not reached' END,
+               CASE WHEN l.crossing IS NULL AND l.any_above THEN l.fewest_short END
+          FROM located l
+         ORDER BY l.segment = '*' DESC, l.segment, l.group_no;
+END;
 $$;
 
 -- Permission revocations, the expensive signal: users for whom push services accepted
@@ -473,6 +505,9 @@ $$;
 -- back. Acceptance stays healthy, nothing shows: the browser blocks or the OS mutes.
 -- last_display_at (any time up to p_now) tells "stopped displaying" from "never did"
 -- (a display beacon that was never instrumented makes everyone a suspect).
+-- PL/pgSQL, not SQL: Citus cannot plan a SQL function's parameters into a query on a
+-- distributed table (the query is the same; #variable_conflict lets its columns keep
+-- the names of the function's output columns).
 CREATE FUNCTION gov.revocation_suspects_v1(
     p_since        interval    DEFAULT '7 days',
     p_min_accepted integer     DEFAULT 3,
@@ -485,29 +520,33 @@ CREATE FUNCTION gov.revocation_suspects_v1(
     last_display_at    timestamptz,
     live_subscriptions bigint
 )
-LANGUAGE sql AS $$
-    WITH bounds AS (
-        SELECT b.t_end - p_since AS t_start, b.t_end
-          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
-    ),
-    delivered AS (
-        SELECT e.user_id, count(DISTINCT e.message_id) AS accepted,
-               min(e.created_at) AS first_at, max(e.created_at) AS last_at
-          FROM gov.push_events e CROSS JOIN bounds w
-         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-         GROUP BY e.user_id
-        HAVING count(DISTINCT e.message_id) >= p_min_accepted
-    )
-    SELECT d.user_id, d.accepted, d.first_at, d.last_at,
-           (SELECT max(x.created_at) FROM gov.push_events x
-             WHERE x.user_id = d.user_id AND x.event = 'display' AND x.created_at <= w.t_end),
-           (SELECT count(*) FROM gov.subscriptions s
-             WHERE s.user_id = d.user_id AND s.retired_at IS NULL)
-      FROM delivered d CROSS JOIN bounds w
-     WHERE NOT EXISTS (SELECT 1 FROM gov.push_events x
-                        WHERE x.user_id = d.user_id AND x.event = 'display'
-                          AND x.created_at > w.t_start AND x.created_at <= w.t_end)
-     ORDER BY d.accepted DESC, d.user_id;
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH bounds AS (
+            SELECT b.t_end - p_since AS t_start, b.t_end
+              FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+        ),
+        delivered AS (
+            SELECT e.user_id, count(DISTINCT e.message_id) AS accepted,
+                   min(e.created_at) AS first_at, max(e.created_at) AS last_at
+              FROM gov.push_events e CROSS JOIN bounds w
+             WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+             GROUP BY e.user_id
+            HAVING count(DISTINCT e.message_id) >= p_min_accepted
+        )
+        SELECT d.user_id, d.accepted, d.first_at, d.last_at,
+               (SELECT max(x.created_at) FROM gov.push_events x
+                 WHERE x.user_id = d.user_id AND x.event = 'display' AND x.created_at <= w.t_end),
+               (SELECT count(*) FROM gov.subscriptions s
+                 WHERE s.user_id = d.user_id AND s.retired_at IS NULL)
+          FROM delivered d CROSS JOIN bounds w
+         WHERE NOT EXISTS (SELECT 1 FROM gov.push_events x
+                            WHERE x.user_id = d.user_id AND x.event = 'display'
+                              AND x.created_at > w.t_start AND x.created_at <= w.t_end)
+         ORDER BY d.accepted DESC, d.user_id;
+END;
 $$;
 
 -- ---------------------------------------------------------------- views for analysts

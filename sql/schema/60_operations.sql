@@ -17,12 +17,12 @@ DECLARE
     v_count   integer;
 BEGIN
     SELECT coalesce(max(c.window_ms), 0) INTO v_longest FROM gov.caps c;
-    WITH doomed AS (
-        SELECT s.ctid FROM gov.sends s
-         WHERE s.sent_at < v_now - v_longest * interval '1 millisecond' - p_margin
-         LIMIT p_batch
-    )
-    DELETE FROM gov.sends s USING doomed WHERE s.ctid = doomed.ctid;
+    -- by primary key, not ctid: on a Citus cluster the rows are in many shards
+    DELETE FROM gov.sends s
+     WHERE (s.user_id, s.budget, s.sent_at, s.message_id) IN (
+            SELECT x.user_id, x.budget, x.sent_at, x.message_id FROM gov.sends x
+             WHERE x.sent_at < v_now - v_longest * interval '1 millisecond' - p_margin
+             LIMIT p_batch);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
         -- what is older than this may have lost its send rows: the conservation check
@@ -45,10 +45,12 @@ DECLARE
     v_more  integer;
 BEGIN
     DELETE FROM gov.push_suppressions ps
-     WHERE ps.id IN (SELECT x.id FROM gov.push_suppressions x WHERE x.created_at < v_cut LIMIT p_batch);
+     WHERE (ps.user_id, ps.id) IN (SELECT x.user_id, x.id FROM gov.push_suppressions x
+                                    WHERE x.created_at < v_cut LIMIT p_batch);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     DELETE FROM gov.delivery_attempts da
-     WHERE da.id IN (SELECT x.id FROM gov.delivery_attempts x WHERE x.attempted_at < v_cut LIMIT p_batch);
+     WHERE (da.user_id, da.id) IN (SELECT x.user_id, x.id FROM gov.delivery_attempts x
+                                    WHERE x.attempted_at < v_cut LIMIT p_batch);
     GET DIAGNOSTICS v_more = ROW_COUNT;
     RETURN v_count + v_more;
 END;
@@ -71,60 +73,67 @@ $$;
 --   failed      held, and the releaser failed on it (gov.deferred.error says why)
 -- Send rows older than gov.settings.pruned_before may be gone (gov prune): a message
 -- decided before then is not held to "allowed and spent its budget".
+-- PL/pgSQL, not SQL: Citus cannot plan a SQL function's parameters into a query on a
+-- distributed table (the query is the same; #variable_conflict lets its columns keep
+-- the names of the function's output columns).
 CREATE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
 RETURNS TABLE (user_id text, message_id text, tier text, state text)
-LANGUAGE sql STABLE AS $$
-    WITH m AS (
-        SELECT m.*, mc.user_id IS NOT NULL AS has_content,
-               d.state AS held_state, d.outcome AS held_outcome, d.collapsed_into,
-               (SELECT count(*) FROM gov.sends s
-                 WHERE s.user_id = m.user_id AND s.message_id = m.message_id) AS spent,
-               (SELECT array_agg(DISTINCT o.state) FROM gov.outbox o
-                 WHERE o.user_id = m.user_id AND o.message_id = m.message_id) AS outbox_states,
-               (SELECT count(*) FROM gov.push_suppressions ps
-                 WHERE ps.user_id = m.user_id AND ps.message_id = m.message_id) AS suppressions,
-               t.exempt
-          FROM gov.messages m
-          LEFT JOIN gov.message_content mc ON mc.user_id = m.user_id AND mc.message_id = m.message_id
-          LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
-          LEFT JOIN gov.tiers t ON t.tier = m.tier
-         WHERE m.decided_at >= p_since AND m.decided_at < p_until
-            OR (d.enqueued_at >= p_since AND d.enqueued_at < p_until)
-    )
-    SELECT m.user_id, m.message_id, m.tier,
-           CASE
-             -- what must never be
-             WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
-               THEN 'INCONSISTENT: P0 counted or suppressed'
-             WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
-                  AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
-               THEN 'INCONSISTENT: allowed without spending its budget'
-             WHEN NOT m.allowed AND m.spent > 0
-               THEN 'INCONSISTENT: suppressed but spent budget (a partial decision)'
-             WHEN NOT m.allowed AND m.outbox_states IS NOT NULL
-               THEN 'INCONSISTENT: suppressed but queued for delivery'
-             WHEN NOT m.allowed AND m.held_state IN ('released')
-               THEN 'INCONSISTENT: released but not allowed'
-             WHEN m.allowed AND m.held_state = 'waiting'
-               THEN 'INCONSISTENT: allowed and still held'
-             WHEN NOT m.allowed AND m.has_content AND m.action IN ('defer', 'collapse') AND m.held_state IS NULL
-               THEN 'INCONSISTENT: deferred but not in the queue (lost)'
-             WHEN m.held_state = 'collapsed' AND m.collapsed_into IS NULL
-               THEN 'INCONSISTENT: collapsed into no summary'
-             -- the states
-             WHEN m.held_state = 'waiting' THEN 'held'
-             WHEN m.held_state = 'expired' THEN 'expired'
-             WHEN m.held_state = 'dropped' THEN 'dropped'
-             WHEN m.held_state = 'failed' THEN 'failed'
-             WHEN m.held_state = 'collapsed' AND m.held_outcome = 'collapsed' THEN 'collapsed'
-             WHEN NOT m.allowed THEN 'dropped'
-             WHEN NOT m.has_content THEN 'decided'
-             WHEN m.outbox_states IS NULL THEN 'no_endpoint'
-             WHEN m.outbox_states && ARRAY['pending', 'sending'] THEN 'in_flight'
-             WHEN m.outbox_states && ARRAY['failed', 'expired'] THEN 'failed'
-             ELSE 'delivered'
-           END
-      FROM m
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH m AS (
+            SELECT m.*, mc.user_id IS NOT NULL AS has_content,
+                   d.state AS held_state, d.outcome AS held_outcome, d.collapsed_into,
+                   (SELECT count(*) FROM gov.sends s
+                     WHERE s.user_id = m.user_id AND s.message_id = m.message_id) AS spent,
+                   (SELECT array_agg(DISTINCT o.state) FROM gov.outbox o
+                     WHERE o.user_id = m.user_id AND o.message_id = m.message_id) AS outbox_states,
+                   (SELECT count(*) FROM gov.push_suppressions ps
+                     WHERE ps.user_id = m.user_id AND ps.message_id = m.message_id) AS suppressions,
+                   t.exempt
+              FROM gov.messages m
+              LEFT JOIN gov.message_content mc ON mc.user_id = m.user_id AND mc.message_id = m.message_id
+              LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
+              LEFT JOIN gov.tiers t ON t.tier = m.tier
+             WHERE m.decided_at >= p_since AND m.decided_at < p_until
+                OR (d.enqueued_at >= p_since AND d.enqueued_at < p_until)
+        )
+        SELECT m.user_id, m.message_id, m.tier,
+               CASE
+                 -- what must never be
+                 WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
+                   THEN 'INCONSISTENT: P0 counted or suppressed'
+                 WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                      AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
+                   THEN 'INCONSISTENT: allowed without spending its budget'
+                 WHEN NOT m.allowed AND m.spent > 0
+                   THEN 'INCONSISTENT: suppressed but spent budget (a partial decision)'
+                 WHEN NOT m.allowed AND m.outbox_states IS NOT NULL
+                   THEN 'INCONSISTENT: suppressed but queued for delivery'
+                 WHEN NOT m.allowed AND m.held_state IN ('released')
+                   THEN 'INCONSISTENT: released but not allowed'
+                 WHEN m.allowed AND m.held_state = 'waiting'
+                   THEN 'INCONSISTENT: allowed and still held'
+                 WHEN NOT m.allowed AND m.has_content AND m.action IN ('defer', 'collapse') AND m.held_state IS NULL
+                   THEN 'INCONSISTENT: deferred but not in the queue (lost)'
+                 WHEN m.held_state = 'collapsed' AND m.collapsed_into IS NULL
+                   THEN 'INCONSISTENT: collapsed into no summary'
+                 -- the states
+                 WHEN m.held_state = 'waiting' THEN 'held'
+                 WHEN m.held_state = 'expired' THEN 'expired'
+                 WHEN m.held_state = 'dropped' THEN 'dropped'
+                 WHEN m.held_state = 'failed' THEN 'failed'
+                 WHEN m.held_state = 'collapsed' AND m.held_outcome = 'collapsed' THEN 'collapsed'
+                 WHEN NOT m.allowed THEN 'dropped'
+                 WHEN NOT m.has_content THEN 'decided'
+                 WHEN m.outbox_states IS NULL THEN 'no_endpoint'
+                 WHEN m.outbox_states && ARRAY['pending', 'sending'] THEN 'in_flight'
+                 WHEN m.outbox_states && ARRAY['failed', 'expired'] THEN 'failed'
+                 ELSE 'delivered'
+               END
+          FROM m;
+END;
 $$;
 
 -- ---------------------------------------------------------------- health (gov check)
@@ -244,46 +253,53 @@ $$;
 --   outbox        gov.outbox rows still to do: state (pending|sending)
 --   outbox_oldest_due_seconds  how long the oldest due pending row has waited (0: none)
 --   held          gov.deferred rows waiting: tier, kind (defer|quiet|collapse)
+-- PL/pgSQL, not SQL: Citus cannot plan a SQL function's parameters into a query on a
+-- distributed table (the query is the same; #variable_conflict lets its columns keep
+-- the names of the function's output columns).
 CREATE FUNCTION gov.metrics_v1(p_window_ms bigint DEFAULT 86400000)
 RETURNS TABLE (metric text, labels jsonb, value double precision)
-LANGUAGE sql STABLE AS $$
-    WITH since AS (SELECT now() - p_window_ms * interval '1 millisecond' AS t)
-    SELECT 'decisions',
-           jsonb_build_object('verdict', CASE WHEN m.allowed THEN 'allow' ELSE m.action END,
-                              'reason', coalesce(m.reason, '')),
-           count(*)::double precision
-      FROM gov.messages m, since
-     WHERE m.decided_at >= since.t
-     GROUP BY 2
-    UNION ALL
-    SELECT 'suppressions',
-           jsonb_build_object('tier', s.tier, 'blocked_by', s.blocked_by, 'action', s.action),
-           count(*)::double precision
-      FROM gov.push_suppressions s, since
-     WHERE s.created_at >= since.t
-     GROUP BY 2
-    UNION ALL
-    SELECT 'attempts',
-           jsonb_build_object('status_class', CASE WHEN a.status IS NULL THEN 'none'
-                                                   ELSE (a.status / 100)::text || 'xx' END,
-                              'outcome', a.outcome),
-           count(*)::double precision
-      FROM gov.delivery_attempts a, since
-     WHERE a.attempted_at >= since.t
-     GROUP BY 2
-    UNION ALL
-    SELECT 'outbox', jsonb_build_object('state', o.state), count(*)::double precision
-      FROM gov.outbox o
-     WHERE o.state IN ('pending', 'sending')
-     GROUP BY o.state
-    UNION ALL
-    SELECT 'outbox_oldest_due_seconds', '{}'::jsonb,
-           coalesce(extract(epoch FROM now() - min(o.next_attempt_at)), 0)::double precision
-      FROM gov.outbox o
-     WHERE o.state IN ('pending', 'sending') AND o.state = 'pending' AND o.next_attempt_at <= now()
-    UNION ALL
-    SELECT 'held', jsonb_build_object('tier', d.tier, 'kind', d.kind), count(*)::double precision
-      FROM gov.deferred d
-     WHERE d.state = 'waiting'
-     GROUP BY 2;
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH since AS (SELECT now() - p_window_ms * interval '1 millisecond' AS t)
+        SELECT 'decisions',
+               jsonb_build_object('verdict', CASE WHEN m.allowed THEN 'allow' ELSE m.action END,
+                                  'reason', coalesce(m.reason, '')),
+               count(*)::double precision
+          FROM gov.messages m, since
+         WHERE m.decided_at >= since.t
+         GROUP BY 2
+        UNION ALL
+        SELECT 'suppressions',
+               jsonb_build_object('tier', s.tier, 'blocked_by', s.blocked_by, 'action', s.action),
+               count(*)::double precision
+          FROM gov.push_suppressions s, since
+         WHERE s.created_at >= since.t
+         GROUP BY 2
+        UNION ALL
+        SELECT 'attempts',
+               jsonb_build_object('status_class', CASE WHEN a.status IS NULL THEN 'none'
+                                                       ELSE (a.status / 100)::text || 'xx' END,
+                                  'outcome', a.outcome),
+               count(*)::double precision
+          FROM gov.delivery_attempts a, since
+         WHERE a.attempted_at >= since.t
+         GROUP BY 2
+        UNION ALL
+        SELECT 'outbox', jsonb_build_object('state', o.state), count(*)::double precision
+          FROM gov.outbox o
+         WHERE o.state IN ('pending', 'sending')
+         GROUP BY o.state
+        UNION ALL
+        SELECT 'outbox_oldest_due_seconds', '{}'::jsonb,
+               coalesce(extract(epoch FROM now() - min(o.next_attempt_at)), 0)::double precision
+          FROM gov.outbox o
+         WHERE o.state IN ('pending', 'sending') AND o.state = 'pending' AND o.next_attempt_at <= now()
+        UNION ALL
+        SELECT 'held', jsonb_build_object('tier', d.tier, 'kind', d.kind), count(*)::double precision
+          FROM gov.deferred d
+         WHERE d.state = 'waiting'
+         GROUP BY 2;
+END;
 $$;

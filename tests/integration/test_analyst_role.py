@@ -142,7 +142,7 @@ def test_reads_what_analysts_need_writes_nothing(
     for call in (
         "SELECT * FROM gov.decide_v1('x', 'y', 'P0')",
         "SELECT gov.record_event_v1('a1', 'a1-m0', 'click')",
-        "SELECT gov.subscribe_v1('x', 'https://p.example/1', 'k', 'a')",
+        "SELECT gov.subscribe_v2('x', 'https://p.example/1', 'k', 'a')",
     ):
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(call)

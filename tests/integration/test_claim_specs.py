@@ -1,6 +1,6 @@
 """Concurrency specs for the two claims, in named steps across real sessions.
 
-Two releasers (``gov.release_due_v1``) and two runners (``gov.claim_outbox_v2``) must
+Two releasers (``gov.release_due_v2``) and two runners (``gov.claim_outbox_v3``) must
 never block on each other's rows and never take one row twice. Each spec drives two
 sessions by hand: session A claims inside a transaction it keeps open, session B
 claims while A still holds its rows, then A commits. B runs with a ``lock_timeout``:
@@ -50,7 +50,7 @@ def _b_claims(session_b: psycopg.Connection[Any], sql: str, params: tuple[Any, .
 # -- two releasers ---------------------------------------------------------------------
 
 USERS = [f"u{i:02d}" for i in range(16)]  # more than PL/pgSQL's 10-row prefetch of A's loop
-RELEASE = "SELECT user_id, message_id, state FROM gov.release_due_v1(%s, %s)"
+RELEASE = "SELECT user_id, message_id, state FROM gov.release_due_v2(NULL, %s, %s)"
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_two_releasers_never_block_on_or_share_a_held_row(
 
 # -- two runners -------------------------------------------------------------------------
 
-CLAIM = "SELECT outbox_id, claim_token FROM gov.claim_outbox_v2(%s, %s, 60000)"
+CLAIM = "SELECT outbox_id, claim_token FROM gov.claim_outbox_v3(NULL, %s, %s, 60000)"
 QUEUED = 6
 
 

@@ -80,19 +80,20 @@ MUTANTS = [
     ),
     Mutant(
         "d_release_claim_without_skip_locked",
-        "release_due_v1 takes held rows FOR UPDATE without SKIP LOCKED",
+        "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            ("sql/migrations/0009_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
+            ("sql/migrations/0015_distributable.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+             "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
     ),
     Mutant(
         "e_dispatch_claim_without_skip_locked",
-        "claim_outbox_v2 takes outbox rows FOR UPDATE without SKIP LOCKED",
+        "claim_outbox_v3 takes outbox rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/40_delivery.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
-            ("sql/migrations/0010_runner_fencing.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+            ("sql/migrations/0015_distributable.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
         ),
         (
             "tests/integration/test_claim_specs.py::test_two_runners_never_block_on_or_share_an_outbox_row",

@@ -53,6 +53,7 @@ from gov.lab.bench.redis_lua import (
     redis_server_path,
 )
 from gov.lab.bench.report import Report, WorkerResult, aggregate
+from gov.lab.bench.routing import Routing
 from gov.queries import q, sql_dir
 
 WORKLOADS = ("fresh", "saturated", "mixed")
@@ -578,6 +579,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
             f"psycopg {psycopg.__version__}; {os.cpu_count()} CPUs",
         }
         report = Report(settings=settings)
+        routing = Routing(admin)  # on a Citus cluster: where the decisions ran
 
         # Other processes on the machine skew every figure: say how busy it was.
         load_before = os.getloadavg()[0]
@@ -601,7 +603,12 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
                                 install_lock_variant(admin, "row" if contender.startswith("gov_row") else "advisory")
                             reset_database(admin, cfg, workload, consumes)
                     spec = RunSpec(contender, workload, cfg.seconds, cfg.users, dsn, redis_url, shas, consumes)
+                    counted = contender.startswith("gov")
+                    if counted:
+                        routing.before()
                     rounds[contender].append(clients.run(spec))
+                    if counted:
+                        routing.after()
             floor = rounds["select1"]
             for contender in contenders:
                 report.figures.append(
@@ -609,4 +616,5 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
                 )
         # before the timed runs only: during them it counts the bench's own processes
         report.settings["load_average"] = f"{load_before:.2f} (1 min, before the timed runs)"
+        report.settings["routing"] = routing.summary()
         return report

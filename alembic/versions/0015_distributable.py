@@ -1,0 +1,22 @@
+"""A schema that distributes: keys that lead with user_id, queues and campaigns by shard, gov.distribute_v1.
+
+Revision ID: 0015_distributable
+Revises: 0014_fatigue_marginal
+"""
+
+from __future__ import annotations
+
+from gov.migrate import run_sql_file
+
+revision = "0015_distributable"
+down_revision = "0014_fatigue_marginal"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_sql_file("migrations/0015_distributable.sql")
+
+
+def downgrade() -> None:
+    run_sql_file("migrations/0015_distributable.down.sql")

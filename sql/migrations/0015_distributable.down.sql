@@ -1,0 +1,1451 @@
+-- Undo 0015: back to keys by id alone and the functions of 0014 and before.
+
+DROP FUNCTION gov.distribute_v1();
+DROP FUNCTION gov.release_due_v2(text, integer, timestamptz);
+DROP FUNCTION gov.send_many_v2(text, text[], text, text, text, text, jsonb, text, integer, timestamptz);
+DROP FUNCTION gov.decide_many_v2(text, text[], text, text, text, text, timestamptz);
+DROP FUNCTION gov.record_attempts_v3(text, jsonb, integer, bigint, bigint, timestamptz);
+DROP FUNCTION gov.record_attempt_v3(text, bigint, bigint, text, text, text, integer, bigint, text, integer, bigint,
+                                    bigint, timestamptz);
+DROP FUNCTION gov.claim_outbox_v3(text, text, integer, bigint, timestamptz, bigint[]);
+DROP FUNCTION gov.subscribe_v2(text, text, text, text);
+DROP FUNCTION gov.require_one_shard(text, text[]);
+DROP FUNCTION gov.shard_groups_v1(text[]);
+DROP FUNCTION gov.shard_keys_v1();
+DROP FUNCTION gov.shard_relation(regclass, text);
+DROP FUNCTION gov.distributed();
+DROP FUNCTION gov.on_citus();
+
+ALTER TABLE gov.push_events DROP CONSTRAINT push_events_subscription_known;
+ALTER TABLE gov.delivery_attempts DROP CONSTRAINT delivery_attempts_outbox_known;
+ALTER TABLE gov.outbox DROP CONSTRAINT outbox_subscription_known;
+ALTER TABLE gov.push_events DROP CONSTRAINT push_events_pkey, ADD CONSTRAINT push_events_pkey PRIMARY KEY (id);
+ALTER TABLE gov.delivery_attempts DROP CONSTRAINT delivery_attempts_pkey,
+    ADD CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id);
+ALTER TABLE gov.outbox DROP CONSTRAINT outbox_pkey, ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+DROP INDEX gov.subscriptions_endpoint;
+DROP INDEX gov.subscriptions_live_endpoint;
+-- one live row per endpoint again: where several users hold one, the newest keeps it
+UPDATE gov.subscriptions s SET retired_at = clock_timestamp(), retired_reason = 'subscribed by another user'
+ WHERE s.retired_at IS NULL
+   AND EXISTS (SELECT 1 FROM gov.subscriptions n
+                WHERE n.endpoint = s.endpoint AND n.retired_at IS NULL AND n.id > s.id);
+CREATE UNIQUE INDEX subscriptions_live_endpoint ON gov.subscriptions (endpoint) WHERE retired_at IS NULL;
+CREATE INDEX subscriptions_user ON gov.subscriptions (user_id) WHERE retired_at IS NULL;
+ALTER TABLE gov.subscriptions DROP CONSTRAINT subscriptions_pkey, ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (id);
+ALTER TABLE gov.deferred DROP CONSTRAINT deferred_pkey, ADD CONSTRAINT deferred_pkey PRIMARY KEY (id);
+ALTER TABLE gov.push_suppressions DROP CONSTRAINT push_suppressions_pkey,
+    ADD CONSTRAINT push_suppressions_pkey PRIMARY KEY (id);
+ALTER TABLE gov.outbox ADD CONSTRAINT outbox_subscription_id_fkey FOREIGN KEY (subscription_id)
+    REFERENCES gov.subscriptions (id);
+ALTER TABLE gov.delivery_attempts ADD CONSTRAINT delivery_attempts_outbox_id_fkey FOREIGN KEY (outbox_id)
+    REFERENCES gov.outbox (id) ON DELETE CASCADE;
+ALTER TABLE gov.push_events ADD CONSTRAINT push_events_subscription_known FOREIGN KEY (subscription_id)
+    REFERENCES gov.subscriptions (id) ON DELETE CASCADE;
+
+-- Store a browser's subscription for a user (validated in Python before it gets here).
+-- The same endpoint again updates its keys and owner; a retired one stays retired.
+CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO gov.subscriptions (user_id, endpoint, p256dh, auth)
+    VALUES (p_user_id, p_endpoint, p_p256dh, p_auth)
+    ON CONFLICT (endpoint) WHERE retired_at IS NULL
+    DO UPDATE SET user_id = excluded.user_id, p256dh = excluded.p256dh, auth = excluded.auth
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END;
+$$;
+
+-- Claim due outbox rows for one worker: pending rows whose time has come, and rows
+-- whose lease ran out (their worker died or overran). SKIP LOCKED lets runners claim
+-- side by side without waiting on each other; the lease is committed, so no transaction
+-- stays open across the HTTP call. Every claim increments the row's claim_token, the
+-- fencing token gov.record_attempt_v2 requires: a runner whose lease ran out and whose
+-- row was claimed again can no longer record anything for it. A row whose endpoint was
+-- retired meanwhile (a 404/410 for another message) ends 'gone' here, unsent and not
+-- returned. Content, message and tier are joined loosely, so a row whose content is
+-- missing is returned (and failed by the runner) rather than claimed and lost.
+-- p_ids restricts the claim to given rows (gov.send's immediate attempt).
+CREATE FUNCTION gov.claim_outbox_v2(
+    p_worker   text,
+    p_limit    integer,
+    p_lease_ms bigint,
+    p_now      timestamptz DEFAULT NULL,
+    p_ids      bigint[]    DEFAULT NULL
+) RETURNS TABLE (
+    outbox_id       bigint,
+    claim_token     bigint,
+    user_id         text,
+    message_id      text,
+    tier            text,
+    attempts        integer,
+    subscription_id bigint,
+    endpoint        text,
+    p256dh          text,
+    auth            text,
+    content         jsonb,
+    collapse_key    text,
+    ttl_s           integer,
+    urgency         text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'claim limit must be positive, got %', p_limit USING ERRCODE = '22023';
+    END IF;
+    IF p_lease_ms IS NULL OR p_lease_ms < 1 THEN
+        RAISE EXCEPTION 'lease must be positive, got % ms', p_lease_ms USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.id, s.retired_at IS NOT NULL AS retired
+          FROM gov.outbox o
+          JOIN gov.subscriptions s ON s.id = o.subscription_id
+         WHERE ((o.state = 'pending' AND o.next_attempt_at <= v_now)
+             OR (o.state = 'sending' AND o.lease_until <= v_now))
+           AND (p_ids IS NULL OR o.id = ANY (p_ids))
+         ORDER BY o.next_attempt_at, o.id
+         LIMIT p_limit
+           FOR UPDATE OF o SKIP LOCKED
+    ), claimed AS (
+        UPDATE gov.outbox o
+           SET state       = CASE WHEN due.retired THEN 'gone' ELSE 'sending' END,
+               attempts    = o.attempts + CASE WHEN due.retired THEN 0 ELSE 1 END,
+               claim_token = o.claim_token + 1,
+               leased_by   = CASE WHEN due.retired THEN NULL ELSE p_worker END,
+               lease_until = CASE WHEN due.retired THEN NULL
+                                  ELSE v_now + p_lease_ms * interval '1 millisecond' END,
+               finished_at = CASE WHEN due.retired THEN v_now ELSE o.finished_at END,
+               last_error  = CASE WHEN due.retired THEN 'not sent: the endpoint was retired' ELSE o.last_error END
+          FROM due
+         WHERE o.id = due.id
+        RETURNING o.*, due.retired
+    )
+    SELECT c.id, c.claim_token, c.user_id, c.message_id, m.tier, c.attempts, s.id, s.endpoint, s.p256dh, s.auth,
+           mc.content, mc.collapse_key,
+           greatest(0, floor(extract(epoch FROM mc.expires_at - v_now)))::integer,
+           t.urgency
+      FROM claimed c
+      JOIN gov.subscriptions s ON s.id = c.subscription_id
+      LEFT JOIN gov.messages m ON m.user_id = c.user_id AND m.message_id = c.message_id
+      LEFT JOIN gov.message_content mc ON mc.user_id = c.user_id AND mc.message_id = c.message_id
+      LEFT JOIN gov.tiers t ON t.tier = m.tier
+     WHERE NOT c.retired
+     ORDER BY c.id;
+END;
+$$;
+
+-- Record one attempt's outcome and move the outbox row on:
+--   accepted → delivered; gone → retire the subscription (matching id AND endpoint, so
+--   a just-refreshed endpoint survives a late 410) and end every other row still to do
+--   for it 'gone', unsent, whoever holds it; throttled → retry after Retry-After;
+--   transient/unauthorized → capped exponential backoff with jitter, failed after
+--   p_max_attempts; rejected → failed; expired → expired; released → handed back unsent
+--   (the runner had no time left in its lease to attempt it: pending again, the claim's
+--   attempt not counted, nothing logged). Nothing is retried past the message's deadline.
+-- Fenced (invariant 12): only the claim that still holds the row records. A record
+-- whose claim token is no longer the row's (its lease ran out and another runner claimed
+-- the row), or for a row no longer being sent, changes nothing, logs nothing, and returns
+-- 'stale' ('gone' when the row was ended by its endpoint's 404/410).
+CREATE FUNCTION gov.record_attempt_v2(
+    p_outbox_id      bigint,
+    p_claim_token    bigint,
+    p_worker         text,
+    p_origin         text,
+    p_outcome        text,
+    p_status         integer,
+    p_retry_after_ms bigint,
+    p_error          text,
+    p_max_attempts   integer DEFAULT 8,
+    p_backoff_ms     bigint  DEFAULT 1000,
+    p_backoff_cap_ms bigint  DEFAULT 300000,
+    p_now            timestamptz DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_row     gov.outbox%ROWTYPE;
+    v_expires timestamptz;
+    v_next    timestamptz;
+    v_state   text;
+BEGIN
+    SELECT * INTO v_row FROM gov.outbox o WHERE o.id = p_outbox_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'stale';
+    END IF;
+    IF v_row.state <> 'sending' OR v_row.claim_token IS DISTINCT FROM p_claim_token THEN
+        RETURN CASE WHEN v_row.state = 'gone' THEN 'gone' ELSE 'stale' END;
+    END IF;
+
+    IF p_outcome = 'released' THEN
+        UPDATE gov.outbox
+           SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL
+         WHERE id = p_outbox_id;
+        RETURN 'released';
+    END IF;
+
+    INSERT INTO gov.delivery_attempts (outbox_id, user_id, message_id, subscription_id, origin, worker,
+                                       outcome, status, retry_after_ms, error, attempted_at)
+    VALUES (p_outbox_id, v_row.user_id, v_row.message_id, v_row.subscription_id, p_origin, p_worker,
+            p_outcome, p_status, p_retry_after_ms, left(p_error, 2000), v_now);
+
+    SELECT mc.expires_at INTO v_expires
+      FROM gov.message_content mc WHERE mc.user_id = v_row.user_id AND mc.message_id = v_row.message_id;
+
+    IF p_outcome = 'accepted' THEN
+        v_state := 'delivered';
+    ELSIF p_outcome = 'gone' THEN
+        v_state := 'gone';
+        -- by id: a refreshed endpoint is a new row, so a late 410 cannot retire it
+        UPDATE gov.subscriptions s
+           SET retired_at = v_now, retired_reason = 'push service answered ' || coalesce(p_status::text, 'gone')
+         WHERE s.id = v_row.subscription_id AND s.retired_at IS NULL;
+        -- the endpoint's other rows still to do end now, unsent, whoever holds them (their
+        -- holders' records are then fenced off); a row whose holder is recording it right
+        -- now is skipped, not waited for: its next claim ends it, as the endpoint is retired
+        UPDATE gov.outbox o
+           SET state = 'gone', finished_at = v_now, lease_until = NULL, leased_by = NULL,
+               last_status = p_status,
+               last_error = 'not sent: the endpoint answered ' || coalesce(p_status::text, 'gone')
+                            || ' to message ' || v_row.message_id
+         WHERE o.id IN (SELECT x.id FROM gov.outbox x
+                         WHERE x.subscription_id = v_row.subscription_id AND x.id <> p_outbox_id
+                           AND x.state IN ('pending', 'sending')
+                           FOR UPDATE SKIP LOCKED);
+    ELSIF p_outcome IN ('rejected', 'expired') THEN
+        v_state := CASE p_outcome WHEN 'rejected' THEN 'failed' ELSE 'expired' END;
+    ELSE
+        IF p_outcome = 'throttled' AND p_retry_after_ms IS NOT NULL THEN
+            v_next := v_now + p_retry_after_ms * interval '1 millisecond';
+        ELSE
+            v_next := v_now + (least(p_backoff_cap_ms, p_backoff_ms * 2 ^ greatest(v_row.attempts - 1, 0))
+                               * (0.5 + random() * 0.5)) * interval '1 millisecond';
+        END IF;
+        IF v_expires IS NOT NULL AND v_next >= v_expires THEN
+            v_state := 'expired';
+        ELSIF v_row.attempts >= p_max_attempts THEN
+            v_state := 'failed';
+        ELSE
+            v_state := 'pending';
+        END IF;
+    END IF;
+
+    UPDATE gov.outbox
+       SET state = v_state, lease_until = NULL, leased_by = NULL,
+           next_attempt_at = coalesce(v_next, next_attempt_at),
+           last_status = p_status, last_error = left(p_error, 2000),
+           finished_at = CASE WHEN v_state = 'pending' THEN NULL ELSE v_now END
+     WHERE id = p_outbox_id;
+    RETURN v_state;
+END;
+$$;
+
+-- One call and one commit for a runner's batch instead of one per message: a durable
+-- commit is the largest single cost of a write (PERFORMANCE.md). Each element is
+-- {"outbox_id", "claim_token", "origin", "outcome", "status", "retry_after_ms", "error"};
+-- each is recorded exactly as gov.record_attempt_v2 would (fenced by its claim token:
+-- 'stale' for a row this runner no longer holds), in outbox id order (the order claims
+-- lock rows in, so two runners never wait on each other in a cycle).
+CREATE FUNCTION gov.record_attempts_v2(
+    p_worker         text,
+    p_attempts       jsonb,
+    p_max_attempts   integer DEFAULT 8,
+    p_backoff_ms     bigint  DEFAULT 1000,
+    p_backoff_cap_ms bigint  DEFAULT 300000,
+    p_now            timestamptz DEFAULT NULL
+) RETURNS TABLE (outbox_id bigint, state text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r_a record;
+BEGIN
+    IF jsonb_typeof(p_attempts) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'attempts must be a JSON array' USING ERRCODE = '22023';
+    END IF;
+    FOR r_a IN
+        SELECT (e ->> 'outbox_id')::bigint AS id, (e ->> 'claim_token')::bigint AS claim_token,
+               e ->> 'origin' AS origin, e ->> 'outcome' AS outcome,
+               (e ->> 'status')::integer AS status, (e ->> 'retry_after_ms')::bigint AS retry_after_ms,
+               e ->> 'error' AS error
+          FROM jsonb_array_elements(p_attempts) e
+         ORDER BY 1
+    LOOP
+        RETURN QUERY
+        SELECT r_a.id, gov.record_attempt_v2(r_a.id, r_a.claim_token, p_worker, r_a.origin, r_a.outcome,
+                                             r_a.status, r_a.retry_after_ms, r_a.error, p_max_attempts,
+                                             p_backoff_ms, p_backoff_cap_ms, p_now);
+    END LOOP;
+END;
+$$;
+
+-- Decide one message for many users in one call and one transaction: the same
+-- decision (gov.decide_core) per user, so the verdicts and suppression rows are those
+-- one-by-one decisions would give, but one commit for the batch instead of one per
+-- user. User locks are taken in user_id order, the order every batch uses, so two
+-- batches never wait on each other in a cycle (a single send locks one user only).
+-- Callers keep batches modest (gov.Governor.decide_many: 500): every user lock is held
+-- until the batch commits, and they share the server's lock table.
+CREATE FUNCTION gov.decide_many_v1(
+    p_user_ids    text[],
+    p_message_id  text,
+    p_tier        text,
+    p_topic       text        DEFAULT NULL,
+    p_campaign_id text        DEFAULT NULL,
+    p_now         timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id        text,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    repeated       boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    r_user record;
+BEGIN
+    FOR r_user IN SELECT DISTINCT u AS id FROM unnest(p_user_ids) u ORDER BY 1 LOOP
+        RETURN QUERY
+        SELECT r_user.id, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, d.repeated
+          FROM gov.decide_core(r_user.id, p_message_id, p_tier, p_topic, p_campaign_id, v_now, false) d;
+    END LOOP;
+END;
+$$;
+
+-- The same for sends: decide, store the content, fan out or hold, per user.
+CREATE FUNCTION gov.send_many_v1(
+    p_user_ids     text[],
+    p_message_id   text,
+    p_tier         text,
+    p_topic        text,
+    p_campaign_id  text,
+    p_content      jsonb,
+    p_collapse_key text,
+    p_ttl_s        integer,
+    p_now          timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id        text,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    repeated       boolean,
+    outbox_ids     bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    r_user record;
+BEGIN
+    FOR r_user IN SELECT DISTINCT u AS id FROM unnest(p_user_ids) u ORDER BY 1 LOOP
+        RETURN QUERY
+        SELECT r_user.id, s.allowed, s.action, s.reason, s.repeated, s.outbox_ids
+          FROM gov.send_v1(r_user.id, p_message_id, p_tier, p_topic, p_campaign_id, p_content,
+                           p_collapse_key, p_ttl_s, v_now) s;
+    END LOOP;
+END;
+$$;
+
+-- Put a suppressed message in the queue (or refuse to, with the reason), from the
+-- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
+-- when held, ('drop', reason, NULL) when it cannot be held.
+--
+-- What holds it: a tier whose verb is collapse collapses whatever blocked it (quiet
+-- hours too), a message without a collapse key joining its user's keyless group of
+-- that tier (key ''); quiet hours hold any other tier's message; else the tier's verb.
+-- A collapse group (user, key) is kept alive by its newest member: the newcomer
+-- becomes the group's one waiting row (its carrier, standing for every member), the
+-- old carrier and all it stood for are collapsed into it at once, and the group waits
+-- for the slot the newcomer's decision names. A newcomer whose own deadline passes
+-- before that slot expires alone; the group keeps its carrier.
+CREATE OR REPLACE FUNCTION gov.hold(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_action       text,
+    p_reason       text,
+    p_retry_ms     bigint,
+    p_expires_at   timestamptz,
+    p_now          timestamptz,
+    OUT o_action   text,
+    OUT o_reason   text,
+    OUT o_release  timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind    text;
+    v_key     text := p_collapse_key;
+    v_tier    gov.tiers%ROWTYPE;
+    v_planned timestamptz;
+    v_give_up timestamptz;
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
+        o_action := 'drop';  -- the verb drops, or no slot ever frees (a cap of 0)
+        o_reason := p_reason;
+        RETURN;
+    END IF;
+    IF v_tier.on_exceed = 'collapse' THEN
+        v_kind := 'collapse';
+        v_key := coalesce(p_collapse_key, '');
+    ELSIF p_reason = 'quiet_hours' THEN
+        v_kind := 'quiet';
+    ELSE
+        v_kind := 'defer';
+    END IF;
+
+    -- The earliest moment that clears the blocking window and the user's quiet hours.
+    v_planned := gov.quiet_until(p_user_id, p_now + p_retry_ms * interval '1 millisecond');
+    IF v_kind = 'defer' THEN
+        -- the policy stores defer_max for every defer tier; the code holds no caps of its own
+        v_give_up := p_now + v_tier.defer_max_ms * interval '1 millisecond';
+        IF v_planned > v_give_up THEN
+            o_action := 'drop';
+            o_reason := 'defer_expired';
+        END IF;
+    END IF;
+    IF o_reason IS NULL AND v_planned >= p_expires_at THEN
+        o_action := 'drop';  -- it would be dead on arrival
+        o_reason := 'ttl_expired';
+    END IF;
+    IF o_reason IS NOT NULL THEN
+        INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                                  planned_at, release_at, give_up_at, state, outcome, finished_at)
+        VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+                v_planned, v_planned, v_give_up, 'expired', o_reason, p_now);
+        RETURN;
+    END IF;
+
+    o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
+    o_reason := p_reason;
+    -- jitter from the group (not the member), so a group's release time is stable
+    o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
+                                                                THEN '#collapse:' || v_key ELSE p_message_id END);
+    IF v_kind = 'collapse' THEN
+        SELECT * INTO v_carrier FROM gov.deferred d
+         WHERE d.user_id = p_user_id AND d.collapse_key = v_key AND d.kind = 'collapse' AND d.state = 'waiting'
+           FOR UPDATE;
+        IF FOUND THEN
+            -- the newcomer carries the group: the old carrier and everything it stood for
+            -- are collapsed into the newcomer now (first, so one carrier waits at a time)
+            UPDATE gov.deferred d SET collapsed_into = p_message_id
+             WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = v_carrier.message_id;
+            UPDATE gov.deferred d
+               SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+             WHERE d.id = v_carrier.id;
+        END IF;
+    END IF;
+    INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                              planned_at, release_at, give_up_at, stands_for)
+    VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1);
+END;
+$$;
+
+-- A collapse tier's message that is allowed while a group of its key waits carries
+-- that group: it goes out as the summary (its own, newest, content with data.count),
+-- and the waiting carrier and everything it stood for are collapsed into it. Without
+-- this the newcomer would take the slot the group waits for, and the group, decided
+-- again after it, would wait a whole window more. Called by gov.send_v1 (the caller
+-- holds the user's lock; a releaser holding the carrier never waits for that lock).
+CREATE OR REPLACE FUNCTION gov.absorb_group(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_now          timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT d.* INTO v_carrier
+      FROM gov.deferred d
+      JOIN gov.tiers t ON t.tier = p_tier AND t.on_exceed = 'collapse'
+     WHERE d.user_id = p_user_id AND d.collapse_key = coalesce(p_collapse_key, '') AND d.kind = 'collapse'
+       AND d.state = 'waiting'
+       FOR UPDATE OF d;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE gov.deferred d SET collapsed_into = p_message_id
+     WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = v_carrier.message_id;
+    UPDATE gov.deferred d
+       SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+     WHERE d.id = v_carrier.id;
+    UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', v_carrier.stands_for + 1)
+     WHERE c.user_id = p_user_id AND c.message_id = p_message_id;
+END;
+$$;
+
+-- One held row, decided again at p_now (the caller holds the row and the user's lock).
+-- Past the message's deadline → expired (ttl_expired), not sent. Allowed → outbox: a
+-- carrier that stands for several messages goes out as ONE summary, the newest
+-- content with data.count = how many it stands for (its tag and Topic are the key's).
+-- Still blocked → waits again for the new slot, unless the verb now drops it, or the
+-- wait passes defer_max (defer_expired) or the deadline (ttl_expired). A carrier that
+-- ends without being sent takes the messages it stood for with it, to the same state.
+CREATE OR REPLACE FUNCTION gov.release_one(
+    p_row        gov.deferred,
+    p_now        timestamptz,
+    OUT o_state      text,
+    OUT o_outcome    text,
+    OUT o_outbox_ids bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_msg     gov.messages%ROWTYPE;
+    v_mc      gov.message_content%ROWTYPE;
+    v_verdict record;
+    v_next    timestamptz;
+BEGIN
+    o_outbox_ids := '{}';
+    SELECT * INTO v_msg FROM gov.messages m WHERE m.user_id = p_row.user_id AND m.message_id = p_row.message_id;
+    SELECT * INTO v_mc FROM gov.message_content c WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+    IF v_msg.user_id IS NULL OR v_mc.user_id IS NULL THEN
+        RAISE EXCEPTION 'held message % of user % has no decision or no content', p_row.message_id, p_row.user_id;
+    END IF;
+
+    IF v_mc.expires_at <= p_now THEN
+        o_state := 'expired';
+        o_outcome := 'ttl_expired';
+    ELSE
+        SELECT * INTO v_verdict
+          FROM gov.decide_core(p_row.user_id, p_row.message_id, v_msg.tier, v_msg.topic, v_msg.campaign_id,
+                               p_now, true) d;
+        IF v_verdict.allowed THEN
+            o_outbox_ids := gov.fan_out(p_row.user_id, p_row.message_id, p_now);
+            IF p_row.stands_for > 1 THEN
+                UPDATE gov.message_content c SET content = c.content || jsonb_build_object('count', p_row.stands_for)
+                 WHERE c.user_id = p_row.user_id AND c.message_id = p_row.message_id;
+                o_state := 'collapsed';
+                o_outcome := 'summary';
+            ELSE
+                o_state := 'released';
+                o_outcome := 'released';
+            END IF;
+            UPDATE gov.deferred d
+               SET state = o_state, outcome = o_outcome, finished_at = p_now,
+                   collapsed_into = CASE WHEN o_state = 'collapsed' THEN p_row.message_id END
+             WHERE d.id = p_row.id;
+            RETURN;
+        END IF;
+
+        IF v_verdict.action = 'drop' OR v_verdict.retry_after_ms IS NULL THEN
+            o_state := 'dropped';
+            o_outcome := v_verdict.reason;
+        ELSE
+            v_next := gov.quiet_until(p_row.user_id, p_now + v_verdict.retry_after_ms * interval '1 millisecond');
+            IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN
+                o_state := 'expired';
+                o_outcome := 'defer_expired';
+            ELSIF v_next >= v_mc.expires_at THEN
+                o_state := 'expired';
+                o_outcome := 'ttl_expired';
+            ELSE
+                -- never due again in the same instant: every round moves a row forward
+                UPDATE gov.deferred d
+                   SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
+                                                                         p_row.message_id || '#' || v_next::text),
+                                             p_now + interval '1 millisecond')
+                 WHERE d.id = p_row.id;
+                o_state := 'waiting';
+                o_outcome := v_verdict.reason;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now WHERE d.id = p_row.id;
+    UPDATE gov.deferred d SET state = o_state, outcome = o_outcome, finished_at = p_now
+     WHERE d.user_id = p_row.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+       AND d.collapsed_into = p_row.message_id;
+END;
+$$;
+
+-- Release what is due: take up to p_limit waiting rows whose time has come (SKIP
+-- LOCKED, so concurrent releasers never take one message twice) and decide each again
+-- now through the same decision (gov.release_one). Returns one row per row taken.
+--
+-- Locks: a releaser holds the rows it took and takes each user's decision lock with a
+-- try (pg_try_advisory_xact_lock), never a wait. A sender holds the user's lock and may
+-- then wait for a row a releaser holds (a newcomer to a collapse group), so a releaser
+-- that waited for a user lock could close a cycle; one that never waits cannot. A row
+-- whose user is busy is returned as 'busy' and left due for the next round.
+--
+-- Failure stays with its row: each row is handled in its own subtransaction; an error
+-- (a tier the policy no longer defines, content that no longer fits, anything raised)
+-- rolls back that row's work only, and the row ends 'failed' with the error text, with
+-- the messages a collapse carrier stood for. The rest of the batch goes on.
+CREATE FUNCTION gov.release_due_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    r_due     gov.deferred%ROWTYPE;
+    v_done    record;
+    v_error   text;
+    v_handled integer := 0;
+BEGIN
+    -- No LIMIT in the query: a busy row must not take the place of one that can go, so
+    -- the loop counts what it handled and stops at p_limit (rows are locked as fetched).
+    FOR r_due IN
+        SELECT d.*
+          FROM gov.deferred d
+         WHERE d.state = 'waiting' AND d.release_at <= v_now
+         ORDER BY d.release_at, d.id
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_handled >= p_limit;
+        IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
+            RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
+            CONTINUE;
+        END IF;
+        v_handled := v_handled + 1;
+        BEGIN
+            SELECT * INTO v_done FROM gov.release_one(r_due, v_now) r;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+            v_error := left(v_error, 1000);
+            UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = v_now
+             WHERE d.id = r_due.id;
+            UPDATE gov.deferred d
+               SET state = 'failed', outcome = 'failed', finished_at = v_now,
+                   error = format('collapsed into %s, which failed: %s', r_due.message_id, v_error)
+             WHERE d.user_id = r_due.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = r_due.message_id;
+            SELECT 'failed'::text AS o_state, 'failed'::text AS o_outcome, '{}'::bigint[] AS o_outbox_ids
+              INTO v_done;
+        END;
+        RETURN QUERY SELECT r_due.user_id, r_due.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
+    END LOOP;
+END;
+$$;
+
+-- Remove send rows no window can see any more (older than the longest window plus a
+-- margin), at most p_batch rows per call, so each call is a short transaction that
+-- never holds up decisions (they only read recent rows of their own user). Returns
+-- how many rows went; call again until it returns 0.
+CREATE OR REPLACE FUNCTION gov.prune_sends_v1(p_batch integer, p_margin interval, p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_longest bigint;
+    v_count   integer;
+BEGIN
+    SELECT coalesce(max(c.window_ms), 0) INTO v_longest FROM gov.caps c;
+    WITH doomed AS (
+        SELECT s.ctid FROM gov.sends s
+         WHERE s.sent_at < v_now - v_longest * interval '1 millisecond' - p_margin
+         LIMIT p_batch
+    )
+    DELETE FROM gov.sends s USING doomed WHERE s.ctid = doomed.ctid;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        -- what is older than this may have lost its send rows: the conservation check
+        -- must not read a pruned message as "allowed without spending its budget"
+        UPDATE gov.settings s
+           SET pruned_before = greatest(s.pruned_before, v_now - v_longest * interval '1 millisecond' - p_margin);
+    END IF;
+    RETURN v_count;
+END;
+$$;
+
+-- Remove analyst history (suppressions, delivery attempts) older than p_keep, in
+-- batches like gov.prune_sends_v1.
+CREATE OR REPLACE FUNCTION gov.prune_history_v1(p_batch integer, p_keep interval, p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cut   timestamptz := coalesce(p_now, clock_timestamp()) - p_keep;
+    v_count integer;
+    v_more  integer;
+BEGIN
+    DELETE FROM gov.push_suppressions ps
+     WHERE ps.id IN (SELECT x.id FROM gov.push_suppressions x WHERE x.created_at < v_cut LIMIT p_batch);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    DELETE FROM gov.delivery_attempts da
+     WHERE da.id IN (SELECT x.id FROM gov.delivery_attempts x WHERE x.attempted_at < v_cut LIMIT p_batch);
+    GET DIAGNOSTICS v_more = ROW_COUNT;
+    RETURN v_count + v_more;
+END;
+$$;
+
+-- The decision itself, shared by a first decision (gov.decide_v1, gov.send_v1) and a
+-- re-decision at release (p_release: the message was decided before and waited; it
+-- is decided again now, its verdict updated, and no second suppression is logged).
+CREATE OR REPLACE FUNCTION gov.decide_core(
+    p_user_id     text,
+    p_message_id  text,
+    p_tier        text,
+    p_topic       text,
+    p_campaign_id text,
+    p_now         timestamptz,
+    p_release     boolean
+) RETURNS TABLE (
+    allowed        boolean,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    repeated       boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_tier    gov.tiers%ROWTYPE;
+    v_msg     gov.messages%ROWTYPE;
+    r_rule    record;
+    v_used    integer;
+    v_cap     integer;
+    v_rule    text;
+    v_scope   text;
+    v_action  text;
+    v_free_at timestamptz;
+    v_segment text;
+    v_seg_key text;
+BEGIN
+    IF p_user_id IS NULL OR p_user_id = '' THEN
+        RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
+    END IF;
+    IF p_message_id IS NULL OR p_message_id = '' THEN
+        RAISE EXCEPTION 'message id is required (user %)', p_user_id USING ERRCODE = 'GV001';
+    END IF;
+    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown tier % for message % (the policy defines: %)', p_tier, p_message_id,
+            (SELECT string_agg(t.tier, ', ' ORDER BY t.tier) FROM gov.tiers t)
+            USING ERRCODE = 'GV001';
+    END IF;
+
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_user_id, 0));
+
+    -- Idempotent on (user, message): a repeat returns the first verdict, spends nothing.
+    IF NOT p_release THEN
+        SELECT * INTO v_msg FROM gov.messages m
+         WHERE m.user_id = p_user_id AND m.message_id = p_message_id;
+        IF FOUND THEN
+            RETURN QUERY SELECT v_msg.allowed, v_msg.action, v_msg.reason, v_msg.used, v_msg.cap,
+                                v_msg.retry_after_ms, true;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF NOT v_tier.exempt THEN
+        -- The user's segment, read under the user's lock: it chooses the windows of each
+        -- consumed tier when the policy has that segment's (gov.segment_caps).
+        SELECT u.segment INTO v_segment FROM gov.users u WHERE u.user_id = p_user_id;
+        -- '' (no segment's name) for none: the rule query then has one shape for every
+        -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
+        v_seg_key := coalesce(v_segment, '');
+        -- A topic the user opted out of (the preference centre) is dropped, whatever
+        -- the verb and the hour: holding it through the night would only drop it later.
+        IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
+                                            WHERE o.user_id = p_user_id AND o.topic = p_topic) THEN
+            v_rule := 'topic_opt_out';
+            v_scope := 'topic';
+            v_action := 'drop';
+            v_free_at := NULL;
+        ELSE
+            -- Quiet hours first: whatever the tier's verb, a message that arrives inside
+            -- them waits until they end. P0 (exempt) is never quieted.
+            v_free_at := gov.quiet_until(p_user_id, v_now);
+        END IF;
+        IF v_rule IS NOT NULL THEN
+            NULL;  -- opted out: decided above
+        ELSIF v_free_at > v_now THEN
+            v_rule := 'quiet_hours';
+            v_scope := 'quiet_hours';
+            v_action := 'defer';
+        ELSE
+            -- Most specific first: topic, then the consumed tiers (own tier first, then
+            -- downward), then global. A user's own cap replaces a default only when lower.
+            -- A consumed tier's windows are the user's segment's when the policy gives
+            -- that segment windows for the tier (gov.segment_caps), else the tier's own.
+            -- A user's own cap over a window those segment windows lack still holds, on
+            -- its own: segment windows never lift a user's own limit.
+            FOR r_rule IN
+                SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope
+                  FROM (
+                        SELECT 'topic:' || p_topic AS budget, c.window_ms, c.cap,
+                               'topic_cap_' || c.window_ms || 'ms' AS rule_name, 'topic' AS scope,
+                               1 AS ord1, 0 AS ord2
+                          FROM gov.caps c
+                         WHERE p_topic IS NOT NULL AND c.scope = 'topic'
+                           AND c.topic = CASE WHEN EXISTS (SELECT 1 FROM gov.caps o
+                                                            WHERE o.scope = 'topic' AND o.topic = p_topic)
+                                              THEN p_topic ELSE '*' END
+                        UNION ALL
+                        SELECT tc.consumes, c.window_ms, c.cap,
+                               'cap_' || c.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.caps c ON c.scope = tc.consumes AND c.topic = ''
+                         WHERE tc.tier = p_tier
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                        UNION ALL
+                        SELECT tc.consumes, sc.window_ms, sc.cap,
+                               'cap_' || sc.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.segment_caps sc ON sc.tier = tc.consumes AND sc.segment = v_seg_key
+                         WHERE tc.tier = p_tier
+                        UNION ALL
+                        SELECT tc.consumes, uo.window_ms, uo.cap,
+                               'cap_' || uo.window_ms || 'ms', tc.consumes,
+                               2, CASE WHEN tc.consumes = p_tier THEN -100
+                                       ELSE -substr(tc.consumes, 2)::int END
+                          FROM gov.tier_consumes tc
+                          JOIN gov.user_caps uo ON uo.user_id = p_user_id AND uo.scope = tc.consumes
+                         WHERE tc.tier = p_tier
+                           AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                        WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
+                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
+                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key
+                                              AND s.window_ms = uo.window_ms)
+                           -- only a cap with a default to lower, as the guard admits
+                           AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL
+                        UNION ALL
+                        SELECT 'global', c.window_ms, c.cap,
+                               'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
+                          FROM gov.caps c
+                         WHERE c.scope = 'global'
+                       ) x
+                  LEFT JOIN gov.user_caps uc
+                         ON uc.user_id = p_user_id AND uc.scope = x.scope AND uc.window_ms = x.window_ms
+                 ORDER BY x.ord1, x.ord2, x.window_ms
+            LOOP
+                SELECT count(*) INTO v_used
+                  FROM gov.sends s
+                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
+                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond';
+                CONTINUE WHEN v_used < r_rule.cap;
+
+                -- Blocked. A slot frees when enough of the oldest rows leave the window
+                -- for the count to drop below the cap (more than one when a cap was lowered).
+                SELECT s.sent_at + r_rule.window_ms * interval '1 millisecond' INTO v_free_at
+                  FROM gov.sends s
+                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
+                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond'
+                 ORDER BY s.sent_at
+                OFFSET v_used - r_rule.cap LIMIT 1;
+                IF r_rule.cap = 0 THEN
+                    v_free_at := NULL;  -- a cap of 0 never frees a slot
+                END IF;
+                v_rule := r_rule.rule_name;
+                v_scope := r_rule.scope;
+                v_cap := r_rule.cap;
+                v_action := v_tier.on_exceed;
+                EXIT;
+            END LOOP;
+        END IF;
+
+        IF v_rule IS NOT NULL THEN
+            v_msg.retry_after_ms := CASE WHEN v_free_at IS NOT NULL
+                                         THEN greatest(0, ceil(extract(epoch FROM v_free_at - v_now) * 1000))::bigint
+                                    END;
+            IF p_release THEN
+                UPDATE gov.messages m
+                   SET allowed = false, action = v_action, reason = v_rule, used = v_used, cap = v_cap,
+                       retry_after_ms = v_msg.retry_after_ms, decided_at = v_now
+                 WHERE m.user_id = p_user_id AND m.message_id = p_message_id;
+            ELSE
+                INSERT INTO gov.messages (user_id, message_id, tier, topic, campaign_id, allowed, action,
+                                          reason, used, cap, retry_after_ms, decided_at)
+                VALUES (p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, false, v_action,
+                        v_rule, v_used, v_cap, v_msg.retry_after_ms, v_now);
+                INSERT INTO gov.push_suppressions (user_id, message_id, tier, blocked_by, action,
+                                                   campaign_id, topic, blocked_scope, used, cap,
+                                                   retry_after_ms, created_at, segment)
+                VALUES (p_user_id, p_message_id, p_tier, v_rule, v_action, p_campaign_id, p_topic,
+                        v_scope, v_used, v_cap, v_msg.retry_after_ms, v_now, v_segment);
+            END IF;
+            RETURN QUERY SELECT false, v_action, v_rule, v_used, v_cap, v_msg.retry_after_ms, false;
+            RETURN;
+        END IF;
+
+        -- Every rule passed: spend one slot in each budget.
+        INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
+        SELECT p_user_id, tc.consumes, v_now, p_message_id
+          FROM gov.tier_consumes tc WHERE tc.tier = p_tier
+        UNION ALL
+        SELECT p_user_id, 'topic:' || p_topic, v_now, p_message_id WHERE p_topic IS NOT NULL
+        UNION ALL
+        SELECT p_user_id, 'global', v_now, p_message_id;
+    END IF;
+
+    IF p_release THEN
+        UPDATE gov.messages m
+           SET allowed = true, action = NULL, reason = NULL, used = NULL, cap = NULL,
+               retry_after_ms = NULL, decided_at = v_now
+         WHERE m.user_id = p_user_id AND m.message_id = p_message_id;
+    ELSE
+        INSERT INTO gov.messages (user_id, message_id, tier, topic, campaign_id, allowed, decided_at)
+        VALUES (p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, true, v_now);
+    END IF;
+
+    RETURN QUERY SELECT true, NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::bigint, false;
+END;
+$$;
+
+-- One outbox row per live endpoint of the user, for an allowed message.
+CREATE OR REPLACE FUNCTION gov.fan_out(p_user_id text, p_message_id text, p_now timestamptz) RETURNS bigint[]
+LANGUAGE sql AS $$
+    WITH fan AS (
+        INSERT INTO gov.outbox (user_id, message_id, subscription_id, next_attempt_at, created_at)
+        SELECT p_user_id, p_message_id, s.id, p_now, p_now
+          FROM gov.subscriptions s
+         WHERE s.user_id = p_user_id AND s.retired_at IS NULL
+         ORDER BY s.id
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM fan;
+$$;
+
+-- The four signals by trailing-window send volume, as the seed's weekly report, for the
+-- window (p_now - p_since, p_now]. Definitions (docs/analysts.md):
+--   sends        per user: the messages a push service accepted for them in the window
+--                (one message on two of a user's browsers is one send)
+--   bucket       least(sends, 8); users with no accepted send are not in any bucket; a
+--                user who unsubscribed is bucketed by the sends of the p_since before it
+--   subscribers  users in the bucket (with p_segment: who got a segment message)
+--   accepted     their accepted messages (with p_segment: the segment's only)
+--   displays, clicks, closes
+--                of those messages, how many drew at least one such event by p_now
+--   unsubscribes subscribers of the bucket with an unsubscribe event in the window
+--   ctr = clicks / accepted, display_rate = displays / accepted,
+--   unsubscribe_rate = unsubscribes / subscribers, close_to_click = closes / clicks
+--   crossover    true on the first bucket b where, stepping up from the nearest lower
+--                bucket present, unsubscribes per subscriber rise (Δ > 0) and rise by more
+--                than clicks per subscriber do: Δ(unsubscribes/subscribers) >
+--                Δ(clicks/subscribers). Both Δ are over the same step, so dividing them
+--                by the sends it adds (per extra send) would not change the comparison.
+-- p_segment is a campaign id prefix ('digest-' matches digest-2026-07-26): buckets still
+-- count every send, since fatigue comes from the total, but the engagement columns
+-- count only the segment's messages ("CTR within the same campaign type").
+CREATE OR REPLACE FUNCTION gov.fatigue_report_v1(
+    p_since   interval    DEFAULT '7 days',
+    p_now     timestamptz DEFAULT NULL,
+    p_segment text        DEFAULT NULL
+) RETURNS TABLE (
+    bucket           integer,
+    subscribers      bigint,
+    accepted         bigint,
+    displays         bigint,
+    clicks           bigint,
+    closes           bigint,
+    unsubscribes     bigint,
+    ctr              numeric,
+    unsubscribe_rate numeric,
+    display_rate     numeric,
+    close_to_click   numeric,
+    crossover        boolean
+)
+LANGUAGE sql AS $$
+    WITH bounds AS (
+        SELECT b.t_end - p_since AS t_start, b.t_end
+          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    ),
+    delivered AS (
+        SELECT e.user_id, e.message_id
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id, e.message_id
+    ),
+    left_at AS (
+        -- when a user unsubscribed in the window: their volume is what they had received
+        -- in the p_since before that moment, not what the window holds (an early leaver's
+        -- few sends before leaving would put them in a low bucket and fake a crossover)
+        SELECT e.user_id, min(e.created_at) AS at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id
+    ),
+    volume AS (
+        SELECT d.user_id, least(count(DISTINCT e.message_id), 8)::integer AS bucket
+          FROM (SELECT DISTINCT d0.user_id FROM delivered d0) d
+          LEFT JOIN left_at l ON l.user_id = d.user_id
+          JOIN gov.push_events e
+            ON e.user_id = d.user_id AND e.event = 'accepted'
+           AND e.created_at > coalesce(l.at, (SELECT w.t_end FROM bounds w)) - p_since
+           AND e.created_at <= coalesce(l.at, (SELECT w.t_end FROM bounds w))
+         GROUP BY d.user_id
+    ),
+    reactions AS (
+        SELECT d.user_id, d.message_id,
+               coalesce(bool_or(e.event = 'display'), false) AS displayed,
+               coalesce(bool_or(e.event = 'click'), false) AS clicked,
+               coalesce(bool_or(e.event = 'close'), false) AS closed
+          FROM delivered d
+         CROSS JOIN bounds w
+          LEFT JOIN gov.push_events e
+                 ON e.user_id = d.user_id AND e.message_id = d.message_id
+                AND e.event IN ('display', 'click', 'close') AND e.created_at <= w.t_end
+         WHERE p_segment IS NULL
+            OR EXISTS (SELECT 1 FROM gov.messages m
+                        WHERE m.user_id = d.user_id AND m.message_id = d.message_id
+                          AND starts_with(m.campaign_id, p_segment))
+         GROUP BY d.user_id, d.message_id
+    ),
+    unsubscribed AS (
+        SELECT DISTINCT e.user_id
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+    ),
+    per_user AS (
+        SELECT r.user_id, v.bucket,
+               count(*) AS accepted,
+               count(*) FILTER (WHERE r.displayed) AS displays,
+               count(*) FILTER (WHERE r.clicked) AS clicks,
+               count(*) FILTER (WHERE r.closed) AS closes
+          FROM reactions r JOIN volume v ON v.user_id = r.user_id
+         GROUP BY r.user_id, v.bucket
+    ),
+    per_bucket AS (
+        SELECT p.bucket,
+               count(*) AS subscribers,
+               sum(p.accepted)::bigint AS accepted,
+               sum(p.displays)::bigint AS displays,
+               sum(p.clicks)::bigint AS clicks,
+               sum(p.closes)::bigint AS closes,
+               count(u.user_id) AS unsubscribes
+          FROM per_user p LEFT JOIN unsubscribed u ON u.user_id = p.user_id
+         GROUP BY p.bucket
+    ),
+    steps AS (
+        SELECT b.*,
+               b.clicks::numeric / b.subscribers
+                   - lag(b.clicks::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_clicks,
+               b.unsubscribes::numeric / b.subscribers
+                   - lag(b.unsubscribes::numeric / b.subscribers) OVER (ORDER BY b.bucket) AS d_unsubscribes
+          FROM per_bucket b
+    ),
+    marked AS (
+        SELECT s.*, coalesce(s.d_unsubscribes > 0 AND s.d_unsubscribes > s.d_clicks, false) AS crosses
+          FROM steps s
+    )
+    SELECT m.bucket, m.subscribers, m.accepted, m.displays, m.clicks, m.closes, m.unsubscribes,
+           round(m.clicks::numeric / nullif(m.accepted, 0), 6),
+           round(m.unsubscribes::numeric / m.subscribers, 6),
+           round(m.displays::numeric / nullif(m.accepted, 0), 6),
+           round(m.closes::numeric / nullif(m.clicks, 0), 6),
+           m.crosses AND NOT coalesce(bool_or(m.crosses) OVER (ORDER BY m.bucket
+                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                      false)
+      FROM marked m
+     ORDER BY m.bucket;
+$$;
+
+-- The marginal fatigue measure (docs/analysts.md): what the n-th send of a week costs and
+-- earns, per send, overall and per segment, for the sends accepted in the window
+-- (p_now - p_since, p_now]. Definitions:
+--   send         a message a push service accepted for the user (the 'accepted' event;
+--                one message on two browsers is one send), at its first acceptance
+--   position     the user's sends accepted in the 7 days before it (0: the first of the
+--                week; sends before the window count, so positions are right at its start)
+--   clicked      the send drew a click (by p_now)
+--   unsubscribed the user's first unsubscribe (by p_now) is charged to one send: the one
+--                the event names if it is an accepted send at or before it, else the last
+--                send before it. Sends after the charged one are left out (a user who left
+--                can neither click nor leave again)
+--   segment      gov.users.segment (through gov.user_segments, which analysts may read);
+--                '(none)' for users without one; '*' is every user
+--   groups       positions ascending, merged upward until a group holds p_min_sends
+--                sends; a last group short of it joins the one before
+--   rates        clicks / sends and unsubscribes / sends, each with its 95 % Wilson interval
+--   difference_low  the one-sided 95 % lower bound of unsubscribe rate - click rate
+--                (Newcombe's hybrid score interval from the two rates' 90 % Wilson bounds:
+--                "unsubscribes exceed clicks" is a one-sided claim)
+--   crossover    true on one group per segment: where the unsubscribe rate overtakes the
+--                click rate for good. The intervals must say so: some group's difference_low
+--                is above 0 (the first such group confirms it); the crossover is the first
+--                group of the unbroken run of groups whose unsubscribe rate exceeds their
+--                click rate that ends at the confirming group
+--   verdict      per segment: 'crossover'; 'not enough data' when some group's unsubscribe
+--                rate exceeds its click rate but no bound confirms it (more_sends: how many
+--                more sends at the same rates would, for the nearest such group);
+--                'not reached' when no group's does
+CREATE OR REPLACE FUNCTION gov.fatigue_marginal_v1(
+    p_since     interval    DEFAULT '28 days',
+    p_now       timestamptz DEFAULT NULL,
+    p_min_sends integer     DEFAULT 800
+) RETURNS TABLE (
+    segment          text,
+    group_no         integer,
+    position_from    integer,
+    position_to      integer,
+    sends            bigint,
+    clicks           bigint,
+    unsubscribes     bigint,
+    click_rate       numeric,
+    click_low        numeric,
+    click_high       numeric,
+    unsubscribe_rate numeric,
+    unsubscribe_low  numeric,
+    unsubscribe_high numeric,
+    difference_low   numeric,
+    crossover        boolean,
+    verdict          text,
+    more_sends       bigint
+)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE bounds AS (
+        SELECT b.t_end - p_since AS t_start, b.t_end
+          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    ),
+    accepted AS (
+        SELECT e.user_id, e.message_id, min(e.created_at) AS at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'accepted' AND e.created_at > w.t_start - interval '7 days' AND e.created_at <= w.t_end
+         GROUP BY e.user_id, e.message_id
+    ),
+    numbered AS (
+        SELECT a.user_id, a.message_id, a.at,
+               row_number() OVER (PARTITION BY a.user_id ORDER BY a.at, a.message_id) AS rn,
+               count(*) OVER (PARTITION BY a.user_id ORDER BY a.at
+                              RANGE BETWEEN UNBOUNDED PRECEDING AND interval '7 days' PRECEDING) AS aged
+          FROM accepted a
+    ),
+    left_at AS (
+        SELECT DISTINCT ON (e.user_id) e.user_id, e.message_id, e.created_at AS at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'unsubscribe' AND e.created_at <= w.t_end
+         ORDER BY e.user_id, e.created_at, e.id
+    ),
+    charged AS (
+        SELECT l.user_id,
+               coalesce((SELECT n.rn FROM numbered n
+                          WHERE n.user_id = l.user_id AND n.message_id = l.message_id AND n.at <= l.at),
+                        (SELECT max(n.rn) FROM numbered n WHERE n.user_id = l.user_id AND n.at <= l.at),
+                        0) AS rn
+          FROM left_at l
+    ),
+    counted AS (
+        SELECT coalesce(u.segment, '(none)') AS segment,
+               (n.rn - 1 - n.aged)::integer AS position,
+               EXISTS (SELECT 1 FROM gov.push_events x
+                        WHERE x.user_id = n.user_id AND x.message_id = n.message_id
+                          AND x.event = 'click' AND x.created_at <= w.t_end) AS clicked,
+               coalesce(n.rn = c.rn, false) AS unsubscribed
+          FROM numbered n CROSS JOIN bounds w
+          LEFT JOIN charged c ON c.user_id = n.user_id
+          LEFT JOIN gov.user_segments u ON u.user_id = n.user_id
+         WHERE n.at > w.t_start AND (c.rn IS NULL OR n.rn <= c.rn)
+    ),
+    per_position AS (
+        SELECT k.segment, k.position, k.sends, k.clicks, k.unsubscribes,
+               row_number() OVER (PARTITION BY k.segment ORDER BY k.position) AS ord
+          FROM (SELECT coalesce(c.segment, '*') AS segment, c.position, count(*) AS sends,
+                       count(*) FILTER (WHERE c.clicked) AS clicks,
+                       count(*) FILTER (WHERE c.unsubscribed) AS unsubscribes
+                  FROM counted c
+                 GROUP BY GROUPING SETS ((c.segment, c.position), (c.position))) k
+    ),
+    walk AS (  -- merge upward: a group closes once it holds p_min_sends sends
+        SELECT p.segment, p.ord, 1 AS group_no, p.sends AS held
+          FROM per_position p WHERE p.ord = 1
+        UNION ALL
+        SELECT p.segment, p.ord,
+               w.group_no + CASE WHEN w.held >= p_min_sends THEN 1 ELSE 0 END,
+               CASE WHEN w.held >= p_min_sends THEN p.sends ELSE w.held + p.sends END
+          FROM walk w JOIN per_position p ON p.segment = w.segment AND p.ord = w.ord + 1
+    ),
+    walked AS (
+        SELECT p.*, w.group_no, max(w.group_no) OVER (PARTITION BY p.segment) AS last_group,
+               sum(p.sends) OVER (PARTITION BY p.segment, w.group_no) AS group_sends
+          FROM per_position p JOIN walk w ON w.segment = p.segment AND w.ord = p.ord
+    ),
+    grouped AS (  -- a last group short of p_min_sends joins the one before
+        SELECT g.segment, g.group_no::integer AS group_no, min(g.position) AS position_from,
+               max(g.position) AS position_to, sum(g.sends)::bigint AS sends,
+               sum(g.clicks)::bigint AS clicks, sum(g.unsubscribes)::bigint AS unsubscribes
+          FROM (SELECT x.segment, x.position, x.sends, x.clicks, x.unsubscribes,
+                       CASE WHEN x.group_no = x.last_group AND x.group_sends < p_min_sends AND x.last_group > 1
+                            THEN x.group_no - 1 ELSE x.group_no END AS group_no
+                  FROM walked x) g
+         GROUP BY g.segment, g.group_no
+    ),
+    rated AS (
+        SELECT g.*, g.clicks::double precision / g.sends AS pc, g.unsubscribes::double precision / g.sends AS pu,
+               ci.low AS c_low, ci.high AS c_high, ui.low AS u_low, ui.high AS u_high,
+               gov.difference_low_v1(g.unsubscribes, g.clicks, g.sends, 1.6448536269514722) AS d_low,
+               g.unsubscribes > g.clicks AS above
+          FROM grouped g
+         CROSS JOIN LATERAL gov.wilson_interval_v1(g.clicks, g.sends) ci
+         CROSS JOIN LATERAL gov.wilson_interval_v1(g.unsubscribes, g.sends) ui
+    ),
+    tested AS (
+        SELECT r.*,
+               CASE WHEN r.above AND NOT r.d_low > 0
+                    THEN gov.sends_to_decide_v1(r.unsubscribes, r.clicks, r.sends, 1.6448536269514722) END AS short_by
+          FROM rated r
+    ),
+    confirmed AS (
+        SELECT t.*, min(t.group_no) FILTER (WHERE t.d_low > 0) OVER (PARTITION BY t.segment) AS first_sure
+          FROM tested t
+    ),
+    located AS (
+        SELECT c.*,
+               CASE WHEN c.first_sure IS NOT NULL THEN
+                   coalesce(max(c.group_no) FILTER (WHERE NOT c.above AND c.group_no < c.first_sure)
+                                OVER (PARTITION BY c.segment), 0) + 1 END AS crossing,
+               bool_or(c.above) OVER (PARTITION BY c.segment) AS any_above,
+               min(c.short_by) OVER (PARTITION BY c.segment) AS fewest_short
+          FROM confirmed c
+    )
+    SELECT l.segment, l.group_no, l.position_from, l.position_to, l.sends, l.clicks, l.unsubscribes,
+           round(l.pc::numeric, 6), round(l.c_low::numeric, 6), round(l.c_high::numeric, 6),
+           round(l.pu::numeric, 6), round(l.u_low::numeric, 6), round(l.u_high::numeric, 6),
+           round(l.d_low::numeric, 6),
+           coalesce(l.group_no = l.crossing, false),
+           CASE WHEN l.crossing IS NOT NULL THEN 'crossover'
+                WHEN l.any_above THEN 'not enough data'
+                ELSE 'not reached' END,
+           CASE WHEN l.crossing IS NULL AND l.any_above THEN l.fewest_short END
+      FROM located l
+     ORDER BY l.segment = '*' DESC, l.segment, l.group_no;
+$$;
+
+-- Permission revocations, the expensive signal: users for whom push services accepted
+-- at least p_min_accepted messages in the window while not one display beacon came
+-- back. Acceptance stays healthy, nothing shows: the browser blocks or the OS mutes.
+-- last_display_at (any time up to p_now) tells "stopped displaying" from "never did"
+-- (a display beacon that was never instrumented makes everyone a suspect).
+CREATE OR REPLACE FUNCTION gov.revocation_suspects_v1(
+    p_since        interval    DEFAULT '7 days',
+    p_min_accepted integer     DEFAULT 3,
+    p_now          timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id            text,
+    accepted           bigint,
+    first_accepted_at  timestamptz,
+    last_accepted_at   timestamptz,
+    last_display_at    timestamptz,
+    live_subscriptions bigint
+)
+LANGUAGE sql AS $$
+    WITH bounds AS (
+        SELECT b.t_end - p_since AS t_start, b.t_end
+          FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    ),
+    delivered AS (
+        SELECT e.user_id, count(DISTINCT e.message_id) AS accepted,
+               min(e.created_at) AS first_at, max(e.created_at) AS last_at
+          FROM gov.push_events e CROSS JOIN bounds w
+         WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+         GROUP BY e.user_id
+        HAVING count(DISTINCT e.message_id) >= p_min_accepted
+    )
+    SELECT d.user_id, d.accepted, d.first_at, d.last_at,
+           (SELECT max(x.created_at) FROM gov.push_events x
+             WHERE x.user_id = d.user_id AND x.event = 'display' AND x.created_at <= w.t_end),
+           (SELECT count(*) FROM gov.subscriptions s
+             WHERE s.user_id = d.user_id AND s.retired_at IS NULL)
+      FROM delivered d CROSS JOIN bounds w
+     WHERE NOT EXISTS (SELECT 1 FROM gov.push_events x
+                        WHERE x.user_id = d.user_id AND x.event = 'display'
+                          AND x.created_at > w.t_start AND x.created_at <= w.t_end)
+     ORDER BY d.accepted DESC, d.user_id;
+$$;
+
+-- Every message handed to gov ends in exactly one state. One row per message decided
+-- in [p_since, p_until): its state, or 'INCONSISTENT: …' naming what is wrong.
+--   delivered   allowed, and every outbox row delivered (or its endpoint gone)
+--   in_flight   allowed, some outbox row still pending or being sent
+--   failed      allowed, some outbox row failed or expired (the push service's answer kept)
+--   no_endpoint allowed, but the user had no live endpoint
+--   decided     allowed by gov.decide_v1 alone (no content: the caller delivers)
+--   dropped     suppressed and dropped (with its rule), or dropped at release
+--   held        waiting in gov.deferred
+--   (held, then released: its state is then its delivery's, as for allowed)
+--   expired     held, then expired (defer_expired or ttl_expired), with a group's members
+--   collapsed   held, then collapsed into a named summary (or the group's current carrier)
+--   failed      held, and the releaser failed on it (gov.deferred.error says why)
+-- Send rows older than gov.settings.pruned_before may be gone (gov prune): a message
+-- decided before then is not held to "allowed and spent its budget".
+CREATE OR REPLACE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
+RETURNS TABLE (user_id text, message_id text, tier text, state text)
+LANGUAGE sql STABLE AS $$
+    WITH m AS (
+        SELECT m.*, mc.user_id IS NOT NULL AS has_content,
+               d.state AS held_state, d.outcome AS held_outcome, d.collapsed_into,
+               (SELECT count(*) FROM gov.sends s
+                 WHERE s.user_id = m.user_id AND s.message_id = m.message_id) AS spent,
+               (SELECT array_agg(DISTINCT o.state) FROM gov.outbox o
+                 WHERE o.user_id = m.user_id AND o.message_id = m.message_id) AS outbox_states,
+               (SELECT count(*) FROM gov.push_suppressions ps
+                 WHERE ps.user_id = m.user_id AND ps.message_id = m.message_id) AS suppressions,
+               t.exempt
+          FROM gov.messages m
+          LEFT JOIN gov.message_content mc ON mc.user_id = m.user_id AND mc.message_id = m.message_id
+          LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
+          LEFT JOIN gov.tiers t ON t.tier = m.tier
+         WHERE m.decided_at >= p_since AND m.decided_at < p_until
+            OR (d.enqueued_at >= p_since AND d.enqueued_at < p_until)
+    )
+    SELECT m.user_id, m.message_id, m.tier,
+           CASE
+             -- what must never be
+             WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
+               THEN 'INCONSISTENT: P0 counted or suppressed'
+             WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                  AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
+               THEN 'INCONSISTENT: allowed without spending its budget'
+             WHEN NOT m.allowed AND m.spent > 0
+               THEN 'INCONSISTENT: suppressed but spent budget (a partial decision)'
+             WHEN NOT m.allowed AND m.outbox_states IS NOT NULL
+               THEN 'INCONSISTENT: suppressed but queued for delivery'
+             WHEN NOT m.allowed AND m.held_state IN ('released')
+               THEN 'INCONSISTENT: released but not allowed'
+             WHEN m.allowed AND m.held_state = 'waiting'
+               THEN 'INCONSISTENT: allowed and still held'
+             WHEN NOT m.allowed AND m.has_content AND m.action IN ('defer', 'collapse') AND m.held_state IS NULL
+               THEN 'INCONSISTENT: deferred but not in the queue (lost)'
+             WHEN m.held_state = 'collapsed' AND m.collapsed_into IS NULL
+               THEN 'INCONSISTENT: collapsed into no summary'
+             -- the states
+             WHEN m.held_state = 'waiting' THEN 'held'
+             WHEN m.held_state = 'expired' THEN 'expired'
+             WHEN m.held_state = 'dropped' THEN 'dropped'
+             WHEN m.held_state = 'failed' THEN 'failed'
+             WHEN m.held_state = 'collapsed' AND m.held_outcome = 'collapsed' THEN 'collapsed'
+             WHEN NOT m.allowed THEN 'dropped'
+             WHEN NOT m.has_content THEN 'decided'
+             WHEN m.outbox_states IS NULL THEN 'no_endpoint'
+             WHEN m.outbox_states && ARRAY['pending', 'sending'] THEN 'in_flight'
+             WHEN m.outbox_states && ARRAY['failed', 'expired'] THEN 'failed'
+             ELSE 'delivered'
+           END
+      FROM m
+$$;
+
+-- Everything `gov serve` exposes from the database, in one call per scrape: one row per
+-- (metric, label set). Windowed counts (decisions, suppressions, delivery attempts) cover
+-- the last p_window_ms by the database's clock, so a scrape stays bounded however long
+-- the history grows; depths (outbox still to do, held messages waiting) are current and
+-- read through the partial indexes on what is still to do.
+--   decisions     gov.messages by their latest verdict: verdict (allow|drop|defer|collapse), reason
+--   suppressions  gov.push_suppressions: tier, blocked_by, action
+--   attempts      gov.delivery_attempts: status_class (2xx|4xx|5xx|…|none), outcome
+--   outbox        gov.outbox rows still to do: state (pending|sending)
+--   outbox_oldest_due_seconds  how long the oldest due pending row has waited (0: none)
+--   held          gov.deferred rows waiting: tier, kind (defer|quiet|collapse)
+CREATE OR REPLACE FUNCTION gov.metrics_v1(p_window_ms bigint DEFAULT 86400000)
+RETURNS TABLE (metric text, labels jsonb, value double precision)
+LANGUAGE sql STABLE AS $$
+    WITH since AS (SELECT now() - p_window_ms * interval '1 millisecond' AS t)
+    SELECT 'decisions',
+           jsonb_build_object('verdict', CASE WHEN m.allowed THEN 'allow' ELSE m.action END,
+                              'reason', coalesce(m.reason, '')),
+           count(*)::double precision
+      FROM gov.messages m, since
+     WHERE m.decided_at >= since.t
+     GROUP BY 2
+    UNION ALL
+    SELECT 'suppressions',
+           jsonb_build_object('tier', s.tier, 'blocked_by', s.blocked_by, 'action', s.action),
+           count(*)::double precision
+      FROM gov.push_suppressions s, since
+     WHERE s.created_at >= since.t
+     GROUP BY 2
+    UNION ALL
+    SELECT 'attempts',
+           jsonb_build_object('status_class', CASE WHEN a.status IS NULL THEN 'none'
+                                                   ELSE (a.status / 100)::text || 'xx' END,
+                              'outcome', a.outcome),
+           count(*)::double precision
+      FROM gov.delivery_attempts a, since
+     WHERE a.attempted_at >= since.t
+     GROUP BY 2
+    UNION ALL
+    SELECT 'outbox', jsonb_build_object('state', o.state), count(*)::double precision
+      FROM gov.outbox o
+     WHERE o.state IN ('pending', 'sending')
+     GROUP BY o.state
+    UNION ALL
+    SELECT 'outbox_oldest_due_seconds', '{}'::jsonb,
+           coalesce(extract(epoch FROM now() - min(o.next_attempt_at)), 0)::double precision
+      FROM gov.outbox o
+     WHERE o.state IN ('pending', 'sending') AND o.state = 'pending' AND o.next_attempt_at <= now()
+    UNION ALL
+    SELECT 'held', jsonb_build_object('tier', d.tier, 'kind', d.kind), count(*)::double precision
+      FROM gov.deferred d
+     WHERE d.state = 'waiting'
+     GROUP BY 2;
+$$;
+
+-- `gov segments refresh`: set gov.users.segment from the policy's [segments] rules, as
+-- of p_now, for every user with a subscription (live or retired) or a decision, in one
+-- statement (user rows are created as needed). With the rules in gov.settings:
+--   engaged  a click (gov.push_events, event 'click') within segment_engaged_ms
+--   dormant  no click within segment_dormant_ms, and known to gov at least that long
+--            (first subscription or first decision, whichever came first): a user who
+--            never clicked but subscribed 30+ days ago is dormant
+--   casual   everyone else (a newcomer who has not clicked yet, say)
+-- Only events and subscriptions up to p_now count, so a replay at an explicit clock
+-- classifies as it would have then. A user whose segment the app set to a name of its
+-- own (anything but engaged, casual, dormant) is left alone: the app owns that user's
+-- segment until it sets it back to none (NULL). Returns per rule-based segment the
+-- users now in it and how many of them changed.
+CREATE OR REPLACE FUNCTION gov.refresh_segments_v1(p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (segment text, users bigint, changed bigint)
+LANGUAGE sql AS $$
+    WITH clock AS (
+        SELECT coalesce(p_now, clock_timestamp()) AS t,
+               coalesce((SELECT s.segment_engaged_ms FROM gov.settings s), 604800000) AS engaged_ms,
+               coalesce((SELECT s.segment_dormant_ms FROM gov.settings s), 2592000000) AS dormant_ms
+    ),
+    known AS (
+        SELECT k.user_id, min(k.since) AS since
+          FROM (SELECT s.user_id, s.created_at AS since FROM gov.subscriptions s
+                UNION ALL
+                SELECT m.user_id, min(m.decided_at) FROM gov.messages m GROUP BY m.user_id) k
+         CROSS JOIN clock
+         WHERE k.since <= clock.t
+         GROUP BY k.user_id
+    ),
+    classified AS (
+        SELECT k.user_id, old.segment AS old_segment,
+               CASE WHEN lc.at > clock.t - clock.engaged_ms * interval '1 millisecond' THEN 'engaged'
+                    WHEN coalesce(lc.at, k.since) <= clock.t - clock.dormant_ms * interval '1 millisecond'
+                         THEN 'dormant'
+                    ELSE 'casual' END AS segment
+          FROM known k
+         CROSS JOIN clock
+          LEFT JOIN LATERAL (SELECT max(e.created_at) AS at FROM gov.push_events e
+                              WHERE e.user_id = k.user_id AND e.event = 'click'
+                                AND e.created_at <= clock.t) lc ON true
+          LEFT JOIN gov.users old ON old.user_id = k.user_id
+         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')
+    ),
+    written AS (
+        INSERT INTO gov.users AS u (user_id, segment)
+        SELECT c.user_id, c.segment FROM classified c
+        ON CONFLICT (user_id) DO UPDATE
+           SET segment = excluded.segment,
+               updated_at = CASE WHEN u.segment IS DISTINCT FROM excluded.segment
+                                 THEN clock_timestamp() ELSE u.updated_at END
+         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')
+        RETURNING u.user_id, u.segment
+    )
+    SELECT w.segment, count(*), count(*) FILTER (WHERE c.old_segment IS DISTINCT FROM w.segment)
+      FROM written w JOIN classified c ON c.user_id = w.user_id
+     GROUP BY w.segment
+     ORDER BY w.segment;
+$$;

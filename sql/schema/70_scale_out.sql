@@ -1,0 +1,209 @@
+-- gov: scale-out on a Citus cluster. The same schema runs on one PostgreSQL server and,
+-- distributed by user_id, on Citus: every per-user table is hash-distributed on user_id
+-- and colocated with gov.users (a user's rows all live in one shard group, on one
+-- worker), the policy tables are reference tables (a copy on every node), and the
+-- decision and send functions are delegated to the worker that holds the user, so a
+-- decision runs there whole: lock, counts and inserts, with no round trip per statement.
+--
+-- Queues: Citus runs FOR UPDATE SKIP LOCKED only on single-shard queries, so the
+-- releaser, the runner and campaigns work one shard at a time. Each of their functions
+-- takes a shard key (any user id of that shard; gov.shard_keys_v1 lists one per shard),
+-- is delegated to the worker holding it, and reads that shard's tables there
+-- (gov.shard_relation). On one server there is one "shard": the key is NULL and the
+-- tables are the tables. One code path for both.
+
+-- ---------------------------------------------------------------- shards
+
+-- True when the Citus extension is installed in this database.
+CREATE FUNCTION gov.on_citus() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+$$;
+
+-- True when the user tables are distributed (Citus, after gov.distribute_v1). Two steps:
+-- pg_dist_partition exists only where Citus is installed.
+CREATE FUNCTION gov.distributed() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT gov.on_citus() THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = 'gov.users'::regclass);
+END;
+$$;
+
+-- The relation that holds p_table's rows for the shard of p_shard_key, as text for a
+-- dynamic statement: p_table itself on one server, the shard's own table on Citus. On a
+-- cluster the call must run on the node that holds the shard (the functions that call
+-- this are delegated there by their shard key); anywhere else it refuses, rather than
+-- let a claim reach across nodes, where SKIP LOCKED does not hold.
+CREATE FUNCTION gov.shard_relation(p_table regclass, p_shard_key text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_shard text;
+BEGIN
+    IF NOT gov.distributed() THEN
+        RETURN p_table::text;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = p_table AND p.partmethod = 'n') THEN
+        -- a reference table: every node has its one shard
+        SELECT shard_name(p_table, s.shardid) INTO v_shard FROM pg_dist_shard s WHERE s.logicalrelid = p_table;
+    ELSE
+        IF p_shard_key IS NULL THEN
+            RAISE EXCEPTION 'on a Citus cluster % is read one shard at a time: give a shard key (gov.shard_keys_v1())',
+                p_table USING ERRCODE = '22023';
+        END IF;
+        v_shard := shard_name(p_table, get_shard_id_for_distribution_column(p_table, p_shard_key));
+    END IF;
+    IF to_regclass(v_shard) IS NULL THEN
+        RAISE EXCEPTION 'shard % of % is not on this node: call the function through the coordinator, '
+                        'which delegates it to the worker that holds the shard', v_shard, p_table
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN v_shard;
+END;
+$$;
+
+-- One shard key per shard of the user tables (one NULL on a single server): the keys the
+-- releaser and the runner walk. A key is any text that hashes into its shard.
+CREATE FUNCTION gov.shard_keys_v1() RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_shards integer;
+    v_keys   text[] := '{}';
+    v_seen   bigint[] := '{}';
+    v_shard  bigint;
+    i        integer := 0;
+BEGIN
+    IF NOT gov.distributed() THEN
+        RETURN ARRAY[NULL::text];
+    END IF;
+    SELECT count(*) INTO v_shards FROM pg_dist_shard s WHERE s.logicalrelid = 'gov.users'::regclass;
+    -- each try lands in a shard at random: about n·ln(n) tries cover n shards
+    WHILE cardinality(v_seen) < v_shards LOOP
+        i := i + 1;
+        v_shard := get_shard_id_for_distribution_column('gov.users', 'shard-' || i);
+        IF NOT v_shard = ANY (v_seen) THEN
+            v_seen := v_seen || v_shard;
+            v_keys := v_keys || ('shard-' || i);
+        END IF;
+    END LOOP;
+    RETURN v_keys;
+END;
+$$;
+
+-- A campaign's audience in per-shard groups, each with its shard key (its first user),
+-- so each group is decided on the worker that holds it. One group on a single server.
+CREATE FUNCTION gov.shard_groups_v1(p_user_ids text[])
+RETURNS TABLE (shard_key text, user_ids text[])
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT gov.distributed() THEN
+        RETURN QUERY SELECT NULL::text, array_agg(DISTINCT u ORDER BY u) FROM unnest(p_user_ids) u HAVING count(*) > 0;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT min(u), array_agg(DISTINCT u ORDER BY u)
+      FROM unnest(p_user_ids) u
+     GROUP BY get_shard_id_for_distribution_column('gov.users', u)
+     ORDER BY 1;
+END;
+$$;
+
+-- On a Citus cluster, refuse a batch whose users are not all in p_shard_key's shard (a
+-- campaign slice decided on one worker must be that worker's users).
+CREATE FUNCTION gov.require_one_shard(p_shard_key text, p_user_ids text[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT gov.distributed() THEN
+        RETURN;
+    END IF;
+    IF p_shard_key IS NULL THEN
+        RAISE EXCEPTION 'on a Citus cluster a batch of users is decided one shard at a time: '
+                        'give a shard key (gov.shard_groups_v1())' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_user_ids) u
+                WHERE get_shard_id_for_distribution_column('gov.users', u)
+                      <> get_shard_id_for_distribution_column('gov.users', p_shard_key)) THEN
+        RAISE EXCEPTION 'the batch holds users of another shard than its key %', p_shard_key
+            USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------- distributing
+
+-- Distribute the schema on a Citus cluster (called by `gov db upgrade` after the
+-- migrations; it changes only what is not distributed yet, so it runs after every
+-- upgrade). Returns what it did, one line per table or function. Does nothing on a
+-- server without Citus.
+CREATE FUNCTION gov.distribute_v1() RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_fn   regprocedure;
+    v_arg  text;
+    v_moved text[] := '{}';
+BEGIN
+    IF NOT gov.on_citus() THEN
+        RETURN;
+    END IF;
+    -- the user tables carry triggers that write colocated rows (the accepted event, the
+    -- user-cap ceiling); Citus runs them on the shards
+    SET LOCAL citus.enable_unsafe_triggers = on;
+    FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
+                                  'gov.segment_caps', 'gov.policy_versions'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
+            PERFORM create_reference_table(v_name);
+            v_moved := v_moved || v_name;
+            RETURN NEXT v_name || ': reference table';
+        END IF;
+    END LOOP;
+    -- parents before the tables whose foreign keys point at them
+    FOREACH v_name IN ARRAY ARRAY['gov.users', 'gov.user_caps', 'gov.user_topic_optouts', 'gov.messages',
+                                  'gov.sends', 'gov.push_suppressions', 'gov.deferred', 'gov.subscriptions',
+                                  'gov.message_content', 'gov.outbox', 'gov.delivery_attempts',
+                                  'gov.push_events'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
+            IF v_name = 'gov.users' THEN
+                PERFORM create_distributed_table(v_name, 'user_id');
+            ELSE
+                PERFORM create_distributed_table(v_name, 'user_id', colocate_with => 'gov.users');
+            END IF;
+            v_moved := v_moved || v_name;
+            RETURN NEXT v_name || ': distributed by user_id';
+        END IF;
+    END LOOP;
+    -- the rows now live in the shards; the coordinator's local copies go once no local
+    -- table's foreign key points at them any more
+    FOREACH v_name IN ARRAY v_moved LOOP
+        PERFORM truncate_local_data_after_distributing_table(v_name);
+    END LOOP;
+    -- the functions that run whole on the worker holding their first argument's shard
+    FOR v_fn, v_arg IN
+        SELECT p.oid::regprocedure, p.proargnames[1]
+          FROM pg_proc p
+         WHERE p.pronamespace = 'gov'::regnamespace
+           AND p.proname IN ('decide_v1', 'send_v1', 'claim_outbox_v3', 'release_due_v2', 'decide_many_v2',
+                             'send_many_v2')
+           AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
+                            WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid
+                              AND o.distribution_argument_index IS NOT NULL)
+    LOOP
+        PERFORM create_distributed_function(v_fn, v_arg, colocate_with => 'gov.users');
+        RETURN NEXT v_fn::text || ': delegated by ' || v_arg;
+    END LOOP;
+    -- every other function on every node too: a delegated function calls them there.
+    -- (Citus creates a new function on every node by itself, but not one created before
+    -- the tables its signature names were distributed.)
+    FOR v_fn IN
+        SELECT p.oid::regprocedure
+          FROM pg_proc p
+         WHERE p.pronamespace = 'gov'::regnamespace
+           AND NOT EXISTS (SELECT 1 FROM pg_dist_object o WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid)
+    LOOP
+        PERFORM create_distributed_function(v_fn);
+        RETURN NEXT v_fn::text || ': on every node';
+    END LOOP;
+END;
+$$;
