@@ -71,7 +71,7 @@ def worker_of(conn: psycopg.Connection[Any], user_id: str) -> int:
     """The port of the worker that holds ``user_id``'s shard."""
     row = conn.execute(
         "SELECT nodeport FROM citus_shards WHERE table_name = 'gov.users'::regclass"
-        " AND shardid = get_shard_id_for_distribution_column('gov.users', %s)",
+        " AND shardid = get_shard_id_for_distribution_column('gov.users', %s::text)",
         (user_id,),
     ).fetchone()
     assert row is not None

@@ -1,0 +1,75 @@
+"""The same simulated traffic on one server and on the cluster gives the same answers: the
+simulation's per-tier summary, the conservation check, the fatigue measure and the views."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from gov.lab.simulate.engine import RunOutcome, SimConfig, simulate
+from gov.testing.postgres import admin, dbname_of, with_dbname
+
+CONFIG = SimConfig(users=300, days=3, seed=1)
+
+ANALYST_QUERIES = {
+    "fatigue_marginal": "SELECT * FROM gov.fatigue_marginal_v1(interval '28 days', %(end)s, 100)",
+    "fatigue_buckets": "SELECT * FROM gov.fatigue_report_v1(interval '7 days', %(end)s, NULL)",
+    "states": "SELECT state, count(*) FROM gov.message_states_v1(%(start)s, %(end)s) GROUP BY 1 ORDER BY 1",
+    "suppressions_daily": "SELECT * FROM gov.suppressions_daily ORDER BY 1, 2, 3",
+    "deferral_outcomes": "SELECT * FROM gov.deferral_outcomes ORDER BY 1, 2, 3",
+    "campaign_shortfall": "SELECT * FROM gov.campaign_shortfall ORDER BY 1, 2",
+    "segment_sizes": "SELECT * FROM gov.segment_sizes ORDER BY 1",
+}
+
+
+@pytest.fixture
+def runs(pg_server: str, citus_db: str) -> Iterator[tuple[RunOutcome, RunOutcome]]:
+    one = simulate(pg_server, CONFIG, governed=True, keep=True, label="one server")
+    try:
+        cluster = simulate(citus_db, CONFIG, governed=True, keep=True, label="cluster")
+        try:
+            yield one, cluster
+        finally:
+            assert cluster.kept_url is not None
+            admin(citus_db, "scratch_drop_database", dbname_of(cluster.kept_url))
+    finally:
+        assert one.kept_url is not None
+        admin(pg_server, "scratch_drop_database", dbname_of(one.kept_url))
+
+
+def _answers(url: str) -> dict[str, list[Any]]:
+    params = {"start": CONFIG.start - timedelta(days=1), "end": CONFIG.end + timedelta(days=1)}
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {name: conn.execute(query, params).fetchall() for name, query in ANALYST_QUERIES.items()}
+
+
+def test_the_cluster_answers_as_one_server_does(runs: tuple[RunOutcome, RunOutcome], citus_db: str) -> None:
+    one, cluster = runs
+    assert cluster.summary.by_tier == one.summary.by_tier
+    assert cluster.summary.exempt == one.summary.exempt
+    assert cluster.summary.exempt.suppressed == 0 and cluster.summary.exempt.all_delivered > 0
+    assert cluster.summary.sends_per_user == one.summary.sends_per_user
+    assert cluster.summary.events == one.summary.events
+    assert cluster.summary.blocking == one.summary.blocking
+    assert one.kept_url is not None and cluster.kept_url is not None
+    theirs, ours = _answers(cluster.kept_url), _answers(one.kept_url)
+    for name in ANALYST_QUERIES:
+        assert theirs[name] == ours[name], name
+    assert ours["fatigue_marginal"], "the measure had sends to group"
+    # gov check --conservation on the cluster, from the shell as cron runs it
+    check = subprocess.run(
+        [sys.executable, "-m", "gov.cli", "check", "--conservation", "30d",
+         "--at", (CONFIG.end + timedelta(hours=1)).isoformat(), "--database-url", cluster.kept_url],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "conservation" in check.stdout + check.stderr, check
+    assert "INCONSISTENT" not in check.stdout + check.stderr, check
+    # and the database it checked is the cluster's: its tables are distributed
+    with psycopg.connect(with_dbname(citus_db, dbname_of(cluster.kept_url))) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_dist_partition WHERE partmethod = 'h'").fetchone() == (12,)
