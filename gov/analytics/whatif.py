@@ -105,7 +105,7 @@ def whatif(
     src, owned = as_source(source)
     try:
         with src.connection() as conn, conn.transaction(force_rollback=True):
-            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True)
+            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True, backfill=False)
             with conn.cursor(row_factory=class_row(WhatIfRow)) as cur:
                 rows = cur.execute(q("whatif_summary"), {"since": since, "now": now}).fetchall()
     finally:

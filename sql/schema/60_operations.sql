@@ -70,7 +70,8 @@ $$;
 --   collapsed   held, then collapsed into a named summary (or the group's current carrier)
 --   failed      held, and the releaser failed on it (gov.deferred.error says why)
 -- Send rows older than gov.settings.pruned_before may be gone (gov prune): a message
--- decided before then is not held to "allowed and spent its budget".
+-- decided before then is not held to "allowed and spent its budget", nor is one whose
+-- tier and topic spend no budget a cap reads (gov.spent_budgets: none are written).
 CREATE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
 RETURNS TABLE (user_id text, message_id text, tier text, state text)
 LANGUAGE sql STABLE AS $$
@@ -97,6 +98,7 @@ LANGUAGE sql STABLE AS $$
              WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
                THEN 'INCONSISTENT: P0 counted or suppressed'
              WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                  AND cardinality(gov.spent_budgets(m.tier, m.topic)) > 0
                   AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
                THEN 'INCONSISTENT: allowed without spending its budget'
              WHEN NOT m.allowed AND m.spent > 0
