@@ -78,7 +78,12 @@ CREATE FUNCTION gov.decide_core(
     retry_after_ms bigint,
     repeated       boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- One generic plan per statement, kept for the session: measured, re-planning the rule
+-- query on every call (PostgreSQL's custom plans for the first calls, and whenever the
+-- generic one looks dearer) was most of a decision's server time.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_tier    gov.tiers%ROWTYPE;
