@@ -52,7 +52,7 @@ def apply_policy(conn: psycopg.Connection[Any], text: str) -> None:
 
 def expected_rules(policy: policy_mod.Policy) -> set[tuple[Any, ...]]:
     """The compiled rows, derived independently from the parsed policy."""
-    segments = [""] + sorted({s for t in policy.tiers.values() for s, _ in t.segments})
+    segments = ["", *sorted({s for t in policy.tiers.values() for s, _ in t.segments})]
     topic_keys = ["", "*", *sorted(k for k, ws in policy.topics.items() if ws and k != "*")]
     out = set()
     for tier in policy.tiers.values():
