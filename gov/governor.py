@@ -139,59 +139,125 @@ class Governor:
         return SendResult(decision, ids, delivered)
 
     def decide_many(
-        self, template: Message, user_ids: Iterable[str], *, at: datetime | None = None, batch: int = 500
+        self,
+        template: Message,
+        user_ids: Iterable[str],
+        *,
+        at: datetime | None = None,
+        batch: int = 500,
+        connections: int = 1,
     ) -> list[tuple[str, Decision]]:
         """Decide ``template`` (its id, tier, topic, campaign) for every user, in batches.
 
         Each batch of ``batch`` users is one SQL call and one transaction, with the same
         verdicts and suppression rows one-by-one decisions would give; a campaign pays
         one commit per batch instead of one per user. A user listed twice is decided once.
+        With ``connections`` above 1 (and a pool: a DSN or a pool as the source), the
+        audience, in user order, is cut into that many slices decided at once, each on a
+        connection of its own. The slices share no user and every batch locks its users
+        in user order, so they never wait on each other in a cycle. Results come in user
+        order.
         """
-        return [(r["user_id"], Decision.from_row(r)) for r in self._many("decide_many", template, user_ids, at, batch)]
+        rows = self._many("decide_many", template, user_ids, at, batch, connections)
+        return [(r["user_id"], Decision.from_row(r)) for r in rows]
 
     def send_many(
-        self, template: Message, user_ids: Iterable[str], *, at: datetime | None = None, batch: int = 500
+        self,
+        template: Message,
+        user_ids: Iterable[str],
+        *,
+        at: datetime | None = None,
+        batch: int = 500,
+        connections: int = 1,
     ) -> list[tuple[str, SendResult]]:
-        """:meth:`send` for a whole audience, in batches (delivery is left to ``gov dispatch``)."""
-        rows = self._many("send_many", template, user_ids, at, batch, content=json.dumps(template.content()))
+        """:meth:`send` for a whole audience, in batches (delivery is left to ``gov dispatch``).
+
+        ``connections``: as for :meth:`decide_many`.
+        """
+        rows = self._many(
+            "send_many", template, user_ids, at, batch, connections, content=json.dumps(template.content())
+        )
         return [(r["user_id"], SendResult(Decision.from_row(r), tuple(r["outbox_ids"]))) for r in rows]
 
     def _many(
-        self, query: str, template: Message, user_ids: Iterable[str], at: datetime | None, batch: int, **extra: Any
+        self,
+        query: str,
+        template: Message,
+        user_ids: Iterable[str],
+        at: datetime | None,
+        batch: int,
+        connections: int,
+        **extra: Any,
     ) -> list[dict[str, Any]]:
         if not isinstance(template, Message):
             raise TypeError(f"expected a gov.Message template, got {type(template).__name__}")
         if batch < 1:
             raise ValueError("batch must be at least 1")
-        users = [replace(template, user_id=u).user_id for u in user_ids]  # each id checked like a Message
-        rows: list[dict[str, Any]] = []
+        if connections < 1:
+            raise ValueError("connections must be at least 1")
+        # each id checked like a Message; distinct and in order, so the slices share no user
+        users = sorted({replace(template, user_id=u).user_id for u in user_ids})
         if not users:
-            return rows
-        # one group on one server; on a Citus cluster one per shard, each decided whole on
-        # the worker that holds it (sql/schema/70_scale_out.sql)
-        slices = [
-            (key, group[start : start + batch])
-            for key, group in self.source.execute(q("shard_groups"), {"user_ids": users})
-            for start in range(0, len(group), batch)
-        ]
-        for key, ids in slices:
-            rows += self.source.execute(
-                q(query),
-                {
-                    "shard_key": key,
-                    "user_ids": ids,
-                    "message_id": template.id,
-                    "tier": template.tier,
-                    "topic": template.topic,
-                    "campaign_id": template.campaign_id,
-                    "collapse_key": template.collapse_key,
-                    "ttl": template.ttl,
-                    "now": self._now(at),
-                    **extra,
-                },
-                row_factory=dict_row,
-            )
-        return rows
+            return []
+        params = {
+            "message_id": template.id,
+            "tier": template.tier,
+            "topic": template.topic,
+            "campaign_id": template.campaign_id,
+            "collapse_key": template.collapse_key,
+            "ttl": template.ttl,
+            "now": self._now(at),
+            **extra,
+        }
+
+        def decide_slice(key: str | None, part: list[str]) -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for start in range(0, len(part), batch):
+                out += self.source.execute(
+                    q(query), {"shard_key": key, "user_ids": part[start : start + batch], **params},
+                    row_factory=dict_row,
+                )
+            return out
+
+        if self.source.external_transaction:
+            connections = 1  # the caller's one connection and transaction
+        # One group on one server, cut into up to `connections` user-ordered slices; on a
+        # Citus cluster one group per shard, each decided whole on the worker that holds it
+        # (sql/schema/70_scale_out.sql), `connections` groups at a time.
+        groups = [(key, list(ids)) for key, ids in self.source.execute(q("shard_groups"), {"user_ids": users})]
+        if len(groups) == 1:
+            key, group = groups[0]
+            n = max(1, min(connections, -(-len(group) // batch)))  # no more slices than batches
+            size = -(-len(group) // n)
+            units = [(key, group[i : i + size]) for i in range(0, len(group), size)]
+        else:
+            units = groups
+        if connections == 1 or len(units) == 1:
+            return [row for key, part in units for row in decide_slice(key, part)]
+        results: list[list[dict[str, Any]]] = [[] for _ in units]
+        errors: list[BaseException] = []
+        todo = iter(range(len(units)))
+        todo_lock = threading.Lock()
+
+        def run() -> None:
+            while not errors:
+                with todo_lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = decide_slice(*units[i])
+                except BaseException as exc:  # re-raised in the caller's thread below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=run, name=f"gov-campaign-{i}") for i in range(min(connections, len(units)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [row for part in results for row in part]
 
     def dispatcher(self) -> Any:
         """The in-process dispatcher :meth:`send` uses (shares this governor's connections)."""

@@ -525,6 +525,7 @@ def apply(
     *,
     name: str = "policy",
     drop_held: bool = False,
+    backfill: bool = True,
 ) -> list[Retired]:
     """Replace the stored policy with ``policy`` in the caller's transaction.
 
@@ -532,8 +533,14 @@ def apply(
     is refused (:class:`~gov.errors.PolicyError`, ``name:line: reason``) unless
     ``drop_held``: they then end dropped with reason ``tier_removed``, logged like any
     suppression. Returns what was (or would have been) retired, per removed tier.
+
+    The policy is then compiled for the decision (``gov.compile_policy_v1``). A decision
+    writes send rows only for budgets some cap reads; with ``backfill``, a budget the new
+    policy caps that the old one did not is filled from ``gov.messages`` over its window
+    (``gov.backfill_sends_v1``), so the new cap counts what was already sent.
     """
     conn.execute(q("lock_policy"))
+    before = _one(conn, "capped_budgets")
     stored = {row[0] for row in conn.execute(q("policy_tiers")).fetchall()}
     removed = sorted(stored - set(policy.tiers))
     retired: list[Retired] = []
@@ -605,7 +612,15 @@ def apply(
         },
     )
     conn.execute(q("record_policy_version"), {"source": source})
+    conn.execute(q("compile_policy"))
+    if backfill:
+        conn.execute(q("backfill_sends"), {"before": before})
     return retired
+
+
+def _one(conn: psycopg.Connection[Any], query: str) -> Any:
+    row = conn.execute(q(query)).fetchone()
+    return row[0] if row else None
 
 
 def diff(old: Policy, new: Policy, old_name: str = "stored", new_name: str = "file") -> str:

@@ -86,17 +86,18 @@ SELECT p.user_id, p.budget, %(window_ms)s::bigint AS window_ms, p.n, a.cap
  ORDER BY p.user_id, p.budget;
 
 -- name: integrity_spend_mismatches
--- Messages whose spend is not exactly one row in each budget the decision consumes (the
--- tier's cascade, the topic, global), or whose spend has no decision at all: a partial
--- decision, a double spend, or a spend that no verdict accounts for.
+-- Messages whose spend is not exactly one row in each budget the decision writes (those of
+-- the tier's cascade, the topic and global that a cap reads: gov.spent_budgets), or whose
+-- spend has no decision at all: a partial decision, a double spend, or a spend that no
+-- verdict accounts for. Read against the policy in force: a message decided before a
+-- policy capped or uncapped one of its budgets is reported too.
 WITH spent AS (
     SELECT s.user_id, s.message_id, count(*) AS n, count(DISTINCT s.budget) AS budgets
       FROM gov.sends s GROUP BY s.user_id, s.message_id
 ), expected AS (
     SELECT m.user_id, m.message_id, m.tier,
            CASE WHEN NOT m.allowed OR t.exempt THEN 0
-                ELSE (SELECT count(*) FROM gov.tier_consumes tc WHERE tc.tier = m.tier)
-                     + 1 + (m.topic IS NOT NULL)::int
+                ELSE cardinality(gov.spent_budgets(m.tier, m.topic))
            END AS n
       FROM gov.messages m JOIN gov.tiers t ON t.tier = m.tier
 )

@@ -63,3 +63,13 @@ INSERT INTO gov.policy_versions (source) VALUES (%(source)s);
 
 -- name: retire_tiers
 SELECT tier, held, queued FROM gov.retire_tiers_v1(%(tiers)s, %(drop)s);
+
+-- name: capped_budgets
+-- What the compiled policy writes now, before a new policy replaces it.
+SELECT gov.capped_budgets();
+
+-- name: compile_policy
+SELECT gov.compile_policy_v1();
+
+-- name: backfill_sends
+SELECT gov.backfill_sends_v1(%(before)s);

@@ -7,6 +7,12 @@ ids seeded with each user's real history from before the window, and undoes its 
 writes before it returns. Nothing is changed: not the policy, not a budget, not the
 suppression log (only identity sequences move on, as any rolled-back insert makes them).
 
+History before the window: decisions write send rows only for budgets some cap reads,
+so the stand-ins are seeded from the send rows *and* from every allowed message in
+``gov.messages``, spending the budgets the candidate has it spend: a candidate that caps
+a budget the live policy leaves uncapped (global, a topic) counts the sends before the
+window as far back as ``gov.messages`` keeps them (``gov prune --keep-history``).
+
 Honest about its limits: the replay sees users' own caps and settings as they are now,
 not as they were; a message released from the deferral queue is replayed at its
 release time, as ``gov.messages`` records it; sends outside gov's decisions do not exist.
@@ -105,7 +111,7 @@ def whatif(
     src, owned = as_source(source)
     try:
         with src.connection() as conn, conn.transaction(force_rollback=True):
-            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True)
+            policy_mod.apply(conn, candidate, candidate_text or candidate.to_toml(), drop_held=True, backfill=False)
             with conn.cursor(row_factory=class_row(WhatIfRow)) as cur:
                 rows = cur.execute(q("whatif_summary"), {"since": since, "now": now}).fetchall()
     finally:

@@ -86,6 +86,11 @@ def whatif(file: Path, since: str, at: str | None, as_json: bool, database_url: 
         f"Replayed {total.messages} decision(s) of the last {since} under {name}: allowed {total.allowed} → "
         f"{total.would_allow}, {total.extra_suppressed} extra suppression(s), {total.freed} freed. Nothing changed."
     )
+    console.print(
+        "History before the window: every allowed message in gov.messages spends the budgets FILE has it "
+        "spend, so a cap the live policy lacks (global, a topic, a tier's) counts the sends before the window "
+        "too, as far back as gov.messages keeps them (decisions write send rows only for capped budgets)."
+    )
     for dim, title in (("tier", "tier"), ("topic", "topic"), ("campaign", "campaign"), ("reason", "replayed reason")):
         rows = result.by(dim)
         if not rows:

@@ -114,12 +114,16 @@ def send(
 @option("--ttl", type=click.IntRange(1, MAX_TTL_S), default=None, help="Seconds the push service keeps it.")
 @option("--campaign", default=None, help="Campaign id, logged with each suppression.")
 @option("--batch", type=click.IntRange(1, 5000), default=500, help="Users per transaction.")
+@option(
+    "--connections", type=click.IntRange(1, 64), default=4,
+    help="Slices of the audience (in user order) decided at once, one connection each.",
+)
 @option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
 @url_option
 def send_campaign(
     users_file: Any, tier: str, message_id: str, title: str, body: str | None, url: str | None,
     topic: str | None, collapse_key: str | None, ttl: int | None, campaign: str | None, batch: int,
-    at: str | None, database_url: str | None,
+    connections: int, at: str | None, database_url: str | None,
 ) -> None:
     """Send one message to a whole audience, decided in batches; gov dispatch delivers it."""
     from collections import Counter
@@ -133,7 +137,7 @@ def send_campaign(
     )
     template.content()
     user_ids = [line.strip() for line in read_stream(users_file, "--users").splitlines() if line.strip()]
-    with Governor(dsn(database_url), pool_size=1) as gov:
-        results = gov.send_many(template, user_ids, at=parse_at(at), batch=batch)
+    with Governor(dsn(database_url), pool_size=connections) as gov:
+        results = gov.send_many(template, user_ids, at=parse_at(at), batch=batch, connections=connections)
     outcome = Counter("sent" if r.sent else f"{r.decision.action}:{r.decision.reason}" for _, r in results)
     click.echo(json.dumps({"users": len(results), **dict(sorted(outcome.items()))}))

@@ -92,6 +92,29 @@ CREATE TABLE gov.segment_caps (
     CONSTRAINT segment_caps_cap_not_negative CHECK (cap >= 0)
 );
 
+-- The policy compiled for the decision: written by gov.compile_policy_v1 whenever the
+-- policy is applied, read by gov.decide_core with one index scan. One group of rows per
+-- (tier, topic key, segment): the topic key is '' for a message without a topic, '*' for
+-- a topic without caps of its own, else a topic that has them; the segment is '' for the
+-- tier's own windows, else a segment the policy gives windows. Each row is one budget the
+-- decision checks, in decision order (seq: the topic, the consumed tiers from the own
+-- tier downward, global), with every window of that budget ascending and its cap. A
+-- topic row's budget is 'topic:', completed with the message's topic. A global policy
+-- table (no user_id): a reference table on Citus, like gov.caps.
+CREATE TABLE gov.compiled_rules (
+    tier      text      NOT NULL,
+    topic     text      NOT NULL,
+    segment   text      NOT NULL,
+    seq       integer   NOT NULL,
+    budget    text      NOT NULL,
+    scope     text      NOT NULL,
+    windows   bigint[]  NOT NULL,
+    caps      integer[] NOT NULL,
+    PRIMARY KEY (tier, topic, segment, seq),
+    CONSTRAINT compiled_rules_windows_match_caps
+        CHECK (cardinality(windows) >= 1 AND cardinality(windows) = cardinality(caps))
+);
+
 -- Every applied policy, as the TOML text that was applied: the audit trail.
 CREATE TABLE gov.policy_versions (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

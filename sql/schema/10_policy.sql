@@ -45,6 +45,106 @@ CREATE TRIGGER user_caps_only_lower
     BEFORE INSERT OR UPDATE ON gov.user_caps
     FOR EACH ROW EXECUTE FUNCTION gov.user_caps_only_lower();
 
+-- ---------------------------------------------------------------- the compiled policy
+
+-- Compile the stored policy into gov.compiled_rules (`gov policy apply` runs it in its
+-- transaction, after the policy tables are written). The same rules the decision used to
+-- assemble on every call: topic caps (the topic's own, else "*"), then each consumed
+-- tier from the message's own tier downward (the user's segment's windows for that tier
+-- when the policy has them, else the tier's own), then global.
+CREATE FUNCTION gov.compile_policy_v1() RETURNS bigint
+LANGUAGE sql AS $$
+    DELETE FROM gov.compiled_rules;
+    WITH segs AS (
+        SELECT '' AS segment UNION SELECT sc.segment FROM gov.segment_caps sc
+    ), topics AS (
+        SELECT '' AS topic UNION SELECT '*' UNION SELECT c.topic FROM gov.caps c WHERE c.scope = 'topic'
+    ), groups AS (
+        SELECT t.tier, k.topic, s.segment
+          FROM gov.tiers t CROSS JOIN topics k CROSS JOIN segs s
+         WHERE NOT t.exempt
+    ), rules AS (
+        SELECT g.tier, g.topic, g.segment, 1 AS ord1, 0 AS ord2, 'topic:' AS budget, 'topic' AS scope,
+               c.window_ms, c.cap
+          FROM groups g JOIN gov.caps c ON c.scope = 'topic' AND c.topic = g.topic
+        UNION ALL
+        SELECT g.tier, g.topic, g.segment, 2,
+               CASE WHEN tc.consumes = g.tier THEN -100 ELSE -substr(tc.consumes, 2)::int END,
+               tc.consumes, tc.consumes, w.window_ms, w.cap
+          FROM groups g
+          JOIN gov.tier_consumes tc ON tc.tier = g.tier
+         CROSS JOIN LATERAL (
+                SELECT sc.window_ms, sc.cap FROM gov.segment_caps sc
+                 WHERE sc.tier = tc.consumes AND sc.segment = g.segment
+                UNION ALL
+                SELECT c.window_ms, c.cap FROM gov.caps c
+                 WHERE c.scope = tc.consumes AND c.topic = ''
+                   AND NOT EXISTS (SELECT 1 FROM gov.segment_caps sc
+                                    WHERE sc.tier = tc.consumes AND sc.segment = g.segment)) w
+        UNION ALL
+        SELECT g.tier, g.topic, g.segment, 3, 0, 'global', 'global', c.window_ms, c.cap
+          FROM groups g JOIN gov.caps c ON c.scope = 'global'
+    ), compiled AS (
+        INSERT INTO gov.compiled_rules (tier, topic, segment, seq, budget, scope, windows, caps)
+        SELECT r.tier, r.topic, r.segment,
+               row_number() OVER (PARTITION BY r.tier, r.topic, r.segment ORDER BY r.ord1, r.ord2),
+               r.budget, r.scope, array_agg(r.window_ms ORDER BY r.window_ms), array_agg(r.cap ORDER BY r.window_ms)
+          FROM rules r
+         GROUP BY r.tier, r.topic, r.segment, r.ord1, r.ord2, r.budget, r.scope
+        RETURNING 1
+    )
+    SELECT count(*) FROM compiled;
+$$;
+
+-- The budgets an allowed message of p_tier with p_topic spends under the compiled
+-- policy: those some cap reads, for a user of any segment. A budget no cap reads is not
+-- written; a policy that caps it later fills it from gov.messages (gov.backfill_sends_v1).
+CREATE FUNCTION gov.spent_budgets(p_tier text, p_topic text) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END),
+                    '{}')
+      FROM gov.compiled_rules r
+     WHERE r.tier = p_tier
+       AND r.topic = CASE WHEN p_topic IS NULL THEN ''
+                          WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
+                          THEN p_topic ELSE '*' END
+$$;
+
+-- The budgets the compiled policy writes, as keys: a tier's name, 'global', 'topic:*' (every
+-- topic: the policy has "*" caps) or 'topic:<topic>'. `gov policy apply` reads it before
+-- it replaces the policy, for gov.backfill_sends_v1.
+CREATE FUNCTION gov.capped_budgets() RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || r.topic ELSE r.budget END),
+                    '{}')
+      FROM gov.compiled_rules r
+$$;
+
+-- After a policy caps a budget that was not written before (p_before: gov.capped_budgets()
+-- under the previous policy), give every allowed message decided within the longest
+-- window before p_now the rows of such budgets it would have spent, from gov.messages:
+-- the new cap then counts the sends gov remembers instead of starting from nothing.
+-- Budgets written before are left as they are. Returns the rows written.
+CREATE FUNCTION gov.backfill_sends_v1(p_before text[], p_now timestamptz DEFAULT NULL) RETURNS bigint
+LANGUAGE sql AS $$
+    WITH horizon AS (
+        SELECT coalesce(p_now, clock_timestamp()) AS t,
+               (SELECT max(w) FROM gov.compiled_rules r, unnest(r.windows) w) AS longest_ms
+    ), filled AS (
+        INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
+        SELECT m.user_id, b.budget, m.decided_at, m.message_id
+          FROM horizon h
+          JOIN gov.messages m
+            ON m.allowed AND m.decided_at > h.t - h.longest_ms * interval '1 millisecond' AND m.decided_at <= h.t
+         CROSS JOIN LATERAL unnest(gov.spent_budgets(m.tier, m.topic)) AS b(budget)
+         WHERE NOT b.budget = ANY (p_before)
+           AND NOT (b.budget LIKE 'topic:%' AND 'topic:*' = ANY (p_before))
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) FROM filled;
+$$;
+
 -- ---------------------------------------------------------------- policy changes
 
 -- Messages of tiers a new policy removes: per tier, how many are held (waiting in

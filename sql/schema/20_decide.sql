@@ -56,6 +56,11 @@ $$;
 -- The decision itself, shared by a first decision (gov.decide_v1, gov.send_v1) and a
 -- re-decision at release (p_release: the message was decided before and waited; it
 -- is decided again now, its verdict updated, and no second suppression is logged).
+-- The rules come compiled (gov.compiled_rules, written at `gov policy apply`): one index
+-- scan for the (tier, topic, segment) group, a user's own caps joined only for a user
+-- who has any. Each budget's windows are counted in one range scan of gov.sends over the
+-- longest of them; the moment a slot frees is computed only for the window that blocks.
+-- An allowed message writes a send row only for the budgets some cap reads.
 CREATE FUNCTION gov.decide_core(
     p_user_id     text,
     p_message_id  text,
@@ -73,7 +78,12 @@ CREATE FUNCTION gov.decide_core(
     retry_after_ms bigint,
     repeated       boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- One generic plan per statement, kept for the session: measured, re-planning the rule
+-- query on every call (PostgreSQL's custom plans for the first calls, and whenever the
+-- generic one looks dearer) was most of a decision's server time.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_tier    gov.tiers%ROWTYPE;
@@ -86,8 +96,15 @@ DECLARE
     v_action  text;
     v_free_at timestamptz;
     v_segment text;
-    v_seg_key text;
+    v_seg_key text := '';
+    v_tz      text;
+    v_topic   text := '';
+    v_own     boolean;
+    v_budget  text;
+    v_window  bigint;
+    v_counts  bigint[];
     v_uc      jsonb;
+    v_spend   text[];
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -116,19 +133,20 @@ BEGIN
     END IF;
 
     IF NOT v_tier.exempt THEN
-        -- The user's segment, read under the user's lock: it chooses the windows of each
-        -- consumed tier when the policy has that segment's (gov.segment_caps).
-        SELECT u.segment INTO v_segment FROM gov.users u WHERE u.user_id = p_user_id;
-        -- '' (no segment's name) for none: the rule query then has one shape for every
-        -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
-        v_seg_key := coalesce(v_segment, '');
-        -- The user's own caps, read alone: the rule query below then reads only policy
-        -- tables, which on a Citus cluster are reference tables beside the user's shard
-        -- (a join of those with a distributed table is not pushed down).
-        SELECT coalesce(jsonb_agg(jsonb_build_object('scope', u.scope, 'window_ms', u.window_ms, 'cap', u.cap)),
-                        '[]')
-          INTO v_uc
-          FROM gov.user_caps u WHERE u.user_id = p_user_id;
+        -- The user's segment and time zone, read once under the user's lock. The segment
+        -- chooses the windows of each consumed tier when the policy has that segment's
+        -- (its own group of compiled rules); any other segment, or none, reads group ''.
+        SELECT u.segment, u.time_zone INTO v_segment, v_tz FROM gov.users u WHERE u.user_id = p_user_id;
+        -- The topic's own caps when it has any, else those of "*" ('' without a topic).
+        IF p_topic IS NOT NULL THEN
+            v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
+                            THEN p_topic ELSE '*' END;
+        END IF;
+        IF v_segment IS NOT NULL AND EXISTS (SELECT 1 FROM gov.compiled_rules r
+                                              WHERE r.tier = p_tier AND r.topic = v_topic
+                                                AND r.segment = v_segment) THEN
+            v_seg_key := v_segment;
+        END IF;
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
         IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -137,9 +155,10 @@ BEGIN
             v_scope := 'topic';
             v_action := 'drop';
             v_free_at := NULL;
-        ELSE
+        ELSIF v_tz IS NOT NULL THEN
             -- Quiet hours first: whatever the tier's verb, a message that arrives inside
-            -- them waits until they end. P0 (exempt) is never quieted.
+            -- them waits until they end. Only a user with a time zone has them; P0
+            -- (exempt) is never quieted.
             v_free_at := gov.quiet_until(p_user_id, v_now);
         END IF;
         IF v_rule IS NOT NULL THEN
@@ -149,89 +168,84 @@ BEGIN
             v_scope := 'quiet_hours';
             v_action := 'defer';
         ELSE
-            -- Most specific first: topic, then the consumed tiers (own tier first, then
-            -- downward), then global. A user's own cap replaces a default only when lower.
-            -- A consumed tier's windows are the user's segment's when the policy gives
-            -- that segment windows for the tier (gov.segment_caps), else the tier's own.
-            -- A user's own cap over a window those segment windows lack still holds, on
-            -- its own: segment windows never lift a user's own limit.
+            v_free_at := NULL;
+            -- Does the user have caps of their own? Then each window's cap is the least of
+            -- the default and theirs, and their cap over a window the segment's windows
+            -- lack still holds on its own: segment windows never lift a user's own limit.
+            -- (Read alone, not joined: the rule query then reads only policy tables, which on a
+            -- Citus cluster are reference tables beside the user's shard.)
+            SELECT jsonb_agg(jsonb_build_object('scope', uc.scope, 'window_ms', uc.window_ms, 'cap', uc.cap))
+              INTO v_uc
+              FROM gov.user_caps uc WHERE uc.user_id = p_user_id;
+            v_own := v_uc IS NOT NULL;
+            <<rules>>
             FOR r_rule IN
-                SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope
-                  FROM (
-                        SELECT 'topic:' || p_topic AS budget, c.window_ms, c.cap,
-                               'topic_cap_' || c.window_ms || 'ms' AS rule_name, 'topic' AS scope,
-                               1 AS ord1, 0 AS ord2
-                          FROM gov.caps c
-                         WHERE p_topic IS NOT NULL AND c.scope = 'topic'
-                           AND c.topic = CASE WHEN EXISTS (SELECT 1 FROM gov.caps o
-                                                            WHERE o.scope = 'topic' AND o.topic = p_topic)
-                                              THEN p_topic ELSE '*' END
-                        UNION ALL
-                        SELECT tc.consumes, c.window_ms, c.cap,
-                               'cap_' || c.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN gov.caps c ON c.scope = tc.consumes AND c.topic = ''
-                         WHERE tc.tier = p_tier
-                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
-                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
-                        UNION ALL
-                        SELECT tc.consumes, sc.window_ms, sc.cap,
-                               'cap_' || sc.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN gov.segment_caps sc ON sc.tier = tc.consumes AND sc.segment = v_seg_key
-                         WHERE tc.tier = p_tier
-                        UNION ALL
-                        SELECT tc.consumes, uo.window_ms, uo.cap,
-                               'cap_' || uo.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN jsonb_to_recordset(v_uc) AS uo(scope text, window_ms bigint, cap integer)
-                            ON uo.scope = tc.consumes
-                         WHERE tc.tier = p_tier
-                           AND EXISTS (SELECT 1 FROM gov.segment_caps s
-                                        WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
-                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
-                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key
-                                              AND s.window_ms = uo.window_ms)
-                           -- only a cap with a default to lower, as the guard admits
-                           AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL
-                        UNION ALL
-                        SELECT 'global', c.window_ms, c.cap,
-                               'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
-                          FROM gov.caps c
-                         WHERE c.scope = 'global'
-                       ) x
-                  LEFT JOIN jsonb_to_recordset(v_uc) AS uc(scope text, window_ms bigint, cap integer)
-                         ON uc.scope = x.scope AND uc.window_ms = x.window_ms
-                 ORDER BY x.ord1, x.ord2, x.window_ms
+                SELECT r.seq, r.budget, r.scope, r.windows, r.caps
+                  FROM gov.compiled_rules r
+                 WHERE NOT v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                UNION ALL
+                SELECT r.seq, r.budget, r.scope, o.windows, o.caps
+                  FROM gov.compiled_rules r
+                 CROSS JOIN LATERAL (
+                        SELECT array_agg(x.w ORDER BY x.w) AS windows, array_agg(x.c ORDER BY x.w) AS caps
+                          FROM (SELECT d.w, least(d.c, uc.cap) AS c
+                                  FROM unnest(r.windows, r.caps) AS d(w, c)
+                                  LEFT JOIN jsonb_to_recordset(v_uc) AS uc(scope text, window_ms bigint, cap integer)
+                                         ON uc.scope = r.scope AND uc.window_ms = d.w
+                                UNION ALL
+                                SELECT uo.window_ms, uo.cap
+                                  FROM jsonb_to_recordset(v_uc) AS uo(scope text, window_ms bigint, cap integer)
+                                 WHERE uo.scope = r.scope
+                                   AND r.scope NOT IN ('topic', 'global')
+                                   AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                                WHERE s.tier = r.scope AND s.segment = v_seg_key)
+                                   AND NOT uo.window_ms = ANY (r.windows)
+                                   -- only a cap with a default to lower, as the guard admits
+                                   AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL) x
+                       ) o
+                 WHERE v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                 ORDER BY 1
             LOOP
-                SELECT count(*) INTO v_used
+                v_budget := CASE WHEN r_rule.scope = 'topic' THEN 'topic:' || p_topic ELSE r_rule.budget END;
+                -- Every window of the budget (up to four) in one range scan over the longest.
+                SELECT ARRAY[count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[1] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[2] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[3] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[4] * interval '1 millisecond')]
+                  INTO v_counts
                   FROM gov.sends s
-                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
-                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond';
-                CONTINUE WHEN v_used < r_rule.cap;
+                 WHERE s.user_id = p_user_id AND s.budget = v_budget
+                   AND s.sent_at > v_now - r_rule.windows[least(cardinality(r_rule.windows), 4)]
+                                           * interval '1 millisecond';
+                FOR i IN 1 .. cardinality(r_rule.windows) LOOP
+                    v_window := r_rule.windows[i];
+                    IF i <= 4 THEN
+                        v_used := v_counts[i];
+                    ELSE  -- a fifth window and beyond: a count of its own
+                        SELECT count(*) INTO v_used
+                          FROM gov.sends s
+                         WHERE s.user_id = p_user_id AND s.budget = v_budget
+                           AND s.sent_at > v_now - v_window * interval '1 millisecond';
+                    END IF;
+                    CONTINUE WHEN v_used < r_rule.caps[i];
 
-                -- Blocked. A slot frees when enough of the oldest rows leave the window
-                -- for the count to drop below the cap (more than one when a cap was lowered).
-                SELECT s.sent_at + r_rule.window_ms * interval '1 millisecond' INTO v_free_at
-                  FROM gov.sends s
-                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
-                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond'
-                 ORDER BY s.sent_at
-                OFFSET v_used - r_rule.cap LIMIT 1;
-                IF r_rule.cap = 0 THEN
-                    v_free_at := NULL;  -- a cap of 0 never frees a slot
-                END IF;
-                v_rule := r_rule.rule_name;
-                v_scope := r_rule.scope;
-                v_cap := r_rule.cap;
-                v_action := v_tier.on_exceed;
-                EXIT;
+                    -- Blocked. A slot frees when enough of the oldest rows leave the window
+                    -- for the count to drop below the cap (more than one when a cap was lowered).
+                    v_cap := r_rule.caps[i];
+                    IF v_cap > 0 THEN  -- a cap of 0 never frees a slot
+                        SELECT s.sent_at + v_window * interval '1 millisecond' INTO v_free_at
+                          FROM gov.sends s
+                         WHERE s.user_id = p_user_id AND s.budget = v_budget
+                           AND s.sent_at > v_now - v_window * interval '1 millisecond'
+                         ORDER BY s.sent_at
+                        OFFSET v_used - v_cap LIMIT 1;
+                    END IF;
+                    v_rule := CASE r_rule.scope WHEN 'topic' THEN 'topic_cap_' WHEN 'global' THEN 'global_cap_'
+                                                ELSE 'cap_' END || v_window || 'ms';
+                    v_scope := r_rule.scope;
+                    v_action := v_tier.on_exceed;
+                    EXIT rules;
+                END LOOP;
             END LOOP;
         END IF;
 
@@ -259,13 +273,14 @@ BEGIN
             RETURN;
         END IF;
 
-        -- Every rule passed: spend one slot in each budget. The budgets are gathered
-        -- first, so the insert reads no policy table (Citus plans it as one shard's insert).
+        -- Every rule passed: spend one slot in each budget some cap reads (for a user of
+        -- any segment, so a change of segment finds the history it needs).
+        -- (Gathered first: an insert that reads no policy table is one shard's on Citus.)
+        v_spend := ARRAY(SELECT DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END
+                           FROM gov.compiled_rules r
+                          WHERE r.tier = p_tier AND r.topic = v_topic);
         INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT p_user_id, b, v_now, p_message_id
-          FROM unnest(ARRAY(SELECT tc.consumes FROM gov.tier_consumes tc WHERE tc.tier = p_tier)
-                      || CASE WHEN p_topic IS NOT NULL THEN ARRAY['topic:' || p_topic] ELSE '{}'::text[] END
-                      || ARRAY['global']) b;
+        SELECT p_user_id, b, v_now, p_message_id FROM unnest(v_spend) b;
     END IF;
 
     IF p_release THEN

@@ -678,13 +678,27 @@ BEGIN
     END IF;
 
     BEGIN
-        -- the stand-ins start from each user's real history before the window
+        -- the stand-ins start from each user's real history before the window: the send
+        -- rows, and every allowed message in gov.messages spending the budgets the
+        -- candidate has it spend (a decision writes rows only for budgets a cap reads, so
+        -- a candidate capping a budget the live policy leaves uncapped, global say, still
+        -- counts the sends before the window)
         INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT v_tag || s.user_id, s.budget, s.sent_at, s.message_id
-          FROM gov.sends s
-         WHERE s.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
-           AND s.sent_at <= v_from
-           AND s.sent_at > v_from - (SELECT coalesce(max(w.window_ms), 0)
+        SELECT v_tag || h.user_id, h.budget, h.sent_at, h.message_id
+          FROM (SELECT s.user_id, s.budget, s.sent_at, s.message_id
+                  FROM gov.sends s
+                 WHERE s.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
+                UNION
+                SELECT m.user_id, b.budget, m.decided_at, m.message_id
+                  FROM gov.messages m
+                 CROSS JOIN LATERAL unnest(gov.spent_budgets(m.tier, m.topic)) AS b(budget)
+                 WHERE m.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
+                   AND m.allowed
+                   AND NOT EXISTS (SELECT 1 FROM gov.sends s
+                                    WHERE s.user_id = m.user_id AND s.budget = b.budget
+                                      AND s.message_id = m.message_id)) h
+         WHERE h.sent_at <= v_from
+           AND h.sent_at > v_from - (SELECT coalesce(max(w.window_ms), 0)
                                        FROM (SELECT c.window_ms FROM gov.caps c
                                              UNION ALL
                                              SELECT sc.window_ms FROM gov.segment_caps sc) w)

@@ -105,6 +105,7 @@ BEGIN
                  WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
                    THEN 'INCONSISTENT: P0 counted or suppressed'
                  WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                      AND cardinality(gov.spent_budgets(m.tier, m.topic)) > 0
                       AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
                    THEN 'INCONSISTENT: allowed without spending its budget'
                  WHEN NOT m.allowed AND m.spent > 0

@@ -152,7 +152,7 @@ BEGIN
     -- user-cap ceiling); Citus runs them on the shards
     SET LOCAL citus.enable_unsafe_triggers = on;
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
-                                  'gov.segment_caps', 'gov.policy_versions'] LOOP
+                                  'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
             PERFORM create_reference_table(v_name);
             v_moved := v_moved || v_name;
@@ -193,6 +193,14 @@ BEGIN
         PERFORM create_distributed_function(v_fn, v_arg, colocate_with => 'gov.users');
         RETURN NEXT v_fn::text || ': delegated by ' || v_arg;
     END LOOP;
+    -- On a worker a generic plan of the decision's statements cannot be routed to the
+    -- user's shard ("could not create distributed plan"): Citus plans them per call.
+    IF EXISTS (SELECT 1 FROM pg_proc p
+                WHERE p.oid = 'gov.decide_core(text,text,text,text,text,timestamptz,boolean)'::regprocedure
+                  AND p.proconfig IS NOT NULL) THEN
+        ALTER FUNCTION gov.decide_core(text, text, text, text, text, timestamptz, boolean) RESET plan_cache_mode;
+        RETURN NEXT 'gov.decide_core: planned per call';
+    END IF;
     -- every other function on every node too: a delegated function calls them there.
     -- (Citus creates a new function on every node by itself, but not one created before
     -- the tables its signature names were distributed.)

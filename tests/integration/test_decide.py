@@ -40,13 +40,12 @@ def test_seed_verification(governor: Governor, conn: psycopg.Connection[Any]) ->
     assert verdicts[2].reason == "cap_86400000ms"
     assert verdicts[2].used == 2 and verdicts[2].cap == 2
     assert governor.decide(msg("u42", "otp-1", "P0")).allowed
-    # the window's rows, read in SQL: two P2 sends, each also spent in P1 and global
+    # the window's rows, read in SQL: two P2 sends, each also spent in P1; the default
+    # policy caps no global budget, so none is written for it
     rows = conn.execute(
         "SELECT budget, message_id FROM gov.sends WHERE user_id = 'u42' ORDER BY budget, message_id"
     ).fetchall()
-    assert rows == [
-        ("P1", "m1"), ("P1", "m2"), ("P2", "m1"), ("P2", "m2"), ("global", "m1"), ("global", "m2"),
-    ]
+    assert rows == [("P1", "m1"), ("P1", "m2"), ("P2", "m1"), ("P2", "m2")]
     sup = conn.execute(
         "SELECT user_id, message_id, tier, blocked_by, action FROM gov.push_suppressions"
     ).fetchall()
@@ -73,7 +72,7 @@ def test_cascade_spends_lower_tiers(governor: Governor, conn: psycopg.Connection
     assert governor.decide(msg("u", "a", "P2"), at=T0).allowed
     assert governor.decide(msg("u", "c", "P3"), at=T0).allowed
     budgets = dict(conn.execute("SELECT budget, count(*) FROM gov.sends GROUP BY budget").fetchall())
-    assert budgets == {"P1": 2, "P2": 2, "P3": 1, "global": 2}
+    assert budgets == {"P1": 2, "P2": 2, "P3": 1}  # no global cap in the default policy: no global rows
     # the P3 spent P2 budget too: P2's 2 / 24 h is now full
     p2 = governor.decide(msg("u", "b", "P2"), at=T0)
     assert (p2.allowed, p2.reason, p2.used) == (False, "cap_86400000ms", 2)
@@ -162,7 +161,8 @@ def test_repeat_returns_first_verdict_and_spends_nothing(governor: Governor, con
     first = governor.decide(msg("u", "m1", "P2"), at=T0)
     again = governor.decide(msg("u", "m1", "P2"), at=T0 + timedelta(minutes=1))
     assert first.allowed and again.allowed and again.repeated and not first.repeated
-    assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id = 'm1'") == 3
+    # one spend: P1 and P2 (the default policy caps no global budget), not a second one
+    assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id = 'm1'") == 2
     governor.decide(msg("u", "m2", "P2"), at=T0)
     no = governor.decide(msg("u", "m3", "P2"), at=T0)
     no_again = governor.decide(msg("u", "m3", "P2"), at=T0 + timedelta(days=2))
@@ -212,7 +212,7 @@ def test_decision_commits_with_the_callers_transaction(db_url: str, conn: psycop
         assert count(conn, "SELECT count(*) FROM gov.messages") == 0
         assert gov.decide(msg("u", "m1", "P2"), at=T0).allowed
         own.commit()
-    assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id = 'm1'") == 3
+    assert count(conn, "SELECT count(*) FROM gov.sends WHERE message_id = 'm1'") == 2  # P1, P2
 
 
 def test_sqlalchemy_engine_and_connection(db_url: str, conn: psycopg.Connection[Any]) -> None:

@@ -113,7 +113,7 @@ def test_prune_keeps_every_row_a_window_can_see(governor: Governor, conn: psycop
     before = governor.decide(Message(user_id="u", id="probe1", tier="P2"), at=T0)
     source = Source(conn)
     result = prune(source, margin=timedelta(hours=1), keep_history=timedelta(days=365), batch=3, now=T0)
-    assert result.sends == 5 * 3  # P1, P2 and global rows of the five old sends, three at a time
+    assert result.sends == 5 * 2  # P1 and P2 rows of the five old sends (no global cap: no global rows)
     remaining = conn.execute("SELECT DISTINCT message_id FROM gov.sends ORDER BY 1").fetchall()
     assert remaining == [("probe1",), ("recent",)]
     # decisions see the same windows as before pruning

@@ -83,7 +83,7 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            ("sql/migrations/0015_distributable.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            ("sql/migrations/0016_distributable.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -93,7 +93,7 @@ MUTANTS = [
         "claim_outbox_v3 takes outbox rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/40_delivery.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
-            ("sql/migrations/0015_distributable.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+            ("sql/migrations/0016_distributable.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
         ),
         (
             "tests/integration/test_claim_specs.py::test_two_runners_never_block_on_or_share_an_outbox_row",

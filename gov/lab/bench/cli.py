@@ -143,6 +143,27 @@ from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
     help="With --delivery: deliver to gov.testing.PushService, which verifies VAPID and decrypts every "
     "message (a correctness pass; too slow to show the senders' speed).",
 )
+@option(
+    "--campaign",
+    is_flag=True,
+    envvar="GOV_BENCH_CAMPAIGN",
+    help="Measure campaign decisions/s (Governor.decide_many for --users fresh users) against single "
+    "decisions on one connection and from --connections clients, in the same run.",
+)
+@option(
+    "--campaign-connections",
+    envvar="GOV_BENCH_CAMPAIGN_CONNECTIONS",
+    type=click.IntRange(min=1),
+    default=4,
+    help="With --campaign: connections the campaign's user-ordered slices are decided on at once.",
+)
+@option(
+    "--batch",
+    envvar="GOV_BENCH_BATCH",
+    type=click.IntRange(min=1),
+    default=500,
+    help="With --campaign: users per campaign transaction.",
+)
 def bench(
     database_url: str | None,
     connections: int,
@@ -160,6 +181,9 @@ def bench(
     workers: int,
     processes: int | None,
     verify: bool,
+    campaign: bool,
+    campaign_connections: int,
+    batch: int,
 ) -> None:
     """Measure decisions per second: gov's decide against a SELECT 1 floor and the seeds' Redis scripts.
 
@@ -167,6 +191,9 @@ def bench(
     """
     if delivery:
         _delivery(database_url, messages, workers, processes, verify, json_path)
+        return
+    if campaign:
+        _campaign(database_url, connections, campaign_connections, batch, users, seconds, rounds, json_path)
         return
     chosen = tuple(w for w in WORKLOADS if w in workloads or "all" in workloads)
     cfg = BenchConfig(
@@ -195,6 +222,43 @@ def bench(
         sys.exit(130)
     console = Console() if sys.stdout.isatty() else Console(width=120)
     report.print(console)
+
+
+def _campaign(database_url: str | None, clients: int, campaign_connections: int, batch: int, users: int,
+              seconds: float, rounds: int, json_path: Path | None) -> None:
+    import json
+
+    from rich.table import Table
+
+    from gov.lab.bench.campaign import CONTENDERS, run_campaign_bench
+    from gov.testing.postgres import scratch_database
+
+    try:
+        with scratch_database(database_url, "gov_bench") as dsn:
+            report = run_campaign_bench(
+                dsn, clients=clients, campaign_connections=campaign_connections, batch=batch, users=users,
+                seconds=seconds, rounds=rounds, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True),
+            )
+    except (GovError, BenchError, RuntimeError, OSError) as exc:
+        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        sys.exit(1)
+    single = report.median("single_1") or 1.0
+    single_n = report.median("single_n") or 1.0
+    table = Table(title=f"campaign vs single decisions (medians of {rounds} round(s), durable)")
+    for column in ("contender", "what", "decisions/s", "× single (1 conn)", f"× single ({clients} clients)",
+                   "rounds, decisions/s"):
+        table.add_column(column, justify="left" if column in ("contender", "what") else "right")
+    for c in CONTENDERS:
+        m = report.median(c)
+        table.add_row(c, str(report.settings[c]), f"{m:,.0f}", f"{m / single:.2f}", f"{m / single_n:.2f}",
+                      " ".join(f"{x:,.0f}" for x in report.rates[c]))
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console.print(table)
+    console.print("load average (1, 5, 15 min): before {} · after {} · {} cores".format(
+        ", ".join(f"{x:.2f}" for x in report.load_before), ", ".join(f"{x:.2f}" for x in report.load_after),
+        os.cpu_count()))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_json(), indent=2))
 
 
 def _delivery(database_url: str | None, messages: int, workers: int, processes: int | None, verify: bool,

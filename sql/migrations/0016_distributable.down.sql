@@ -1,4 +1,4 @@
--- Undo 0015: back to keys by id alone and the functions of 0014 and before.
+-- Undo 0016: back to keys by id alone and the functions of 0015 and before.
 
 DROP FUNCTION gov.distribute_v1();
 DROP FUNCTION gov.release_due_v2(text, integer, timestamptz);
@@ -686,6 +686,11 @@ $$;
 -- The decision itself, shared by a first decision (gov.decide_v1, gov.send_v1) and a
 -- re-decision at release (p_release: the message was decided before and waited; it
 -- is decided again now, its verdict updated, and no second suppression is logged).
+-- The rules come compiled (gov.compiled_rules, written at `gov policy apply`): one index
+-- scan for the (tier, topic, segment) group, a user's own caps joined only for a user
+-- who has any. Each budget's windows are counted in one range scan of gov.sends over the
+-- longest of them; the moment a slot frees is computed only for the window that blocks.
+-- An allowed message writes a send row only for the budgets some cap reads.
 CREATE OR REPLACE FUNCTION gov.decide_core(
     p_user_id     text,
     p_message_id  text,
@@ -703,7 +708,12 @@ CREATE OR REPLACE FUNCTION gov.decide_core(
     retry_after_ms bigint,
     repeated       boolean
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- One generic plan per statement, kept for the session: measured, re-planning the rule
+-- query on every call (PostgreSQL's custom plans for the first calls, and whenever the
+-- generic one looks dearer) was most of a decision's server time.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_tier    gov.tiers%ROWTYPE;
@@ -716,7 +726,13 @@ DECLARE
     v_action  text;
     v_free_at timestamptz;
     v_segment text;
-    v_seg_key text;
+    v_seg_key text := '';
+    v_tz      text;
+    v_topic   text := '';
+    v_own     boolean;
+    v_budget  text;
+    v_window  bigint;
+    v_counts  bigint[];
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -745,12 +761,20 @@ BEGIN
     END IF;
 
     IF NOT v_tier.exempt THEN
-        -- The user's segment, read under the user's lock: it chooses the windows of each
-        -- consumed tier when the policy has that segment's (gov.segment_caps).
-        SELECT u.segment INTO v_segment FROM gov.users u WHERE u.user_id = p_user_id;
-        -- '' (no segment's name) for none: the rule query then has one shape for every
-        -- user, and PostgreSQL keeps one cached plan for it instead of planning each call
-        v_seg_key := coalesce(v_segment, '');
+        -- The user's segment and time zone, read once under the user's lock. The segment
+        -- chooses the windows of each consumed tier when the policy has that segment's
+        -- (its own group of compiled rules); any other segment, or none, reads group ''.
+        SELECT u.segment, u.time_zone INTO v_segment, v_tz FROM gov.users u WHERE u.user_id = p_user_id;
+        -- The topic's own caps when it has any, else those of "*" ('' without a topic).
+        IF p_topic IS NOT NULL THEN
+            v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
+                            THEN p_topic ELSE '*' END;
+        END IF;
+        IF v_segment IS NOT NULL AND EXISTS (SELECT 1 FROM gov.compiled_rules r
+                                              WHERE r.tier = p_tier AND r.topic = v_topic
+                                                AND r.segment = v_segment) THEN
+            v_seg_key := v_segment;
+        END IF;
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
         IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -759,9 +783,10 @@ BEGIN
             v_scope := 'topic';
             v_action := 'drop';
             v_free_at := NULL;
-        ELSE
+        ELSIF v_tz IS NOT NULL THEN
             -- Quiet hours first: whatever the tier's verb, a message that arrives inside
-            -- them waits until they end. P0 (exempt) is never quieted.
+            -- them waits until they end. Only a user with a time zone has them; P0
+            -- (exempt) is never quieted.
             v_free_at := gov.quiet_until(p_user_id, v_now);
         END IF;
         IF v_rule IS NOT NULL THEN
@@ -771,88 +796,79 @@ BEGIN
             v_scope := 'quiet_hours';
             v_action := 'defer';
         ELSE
-            -- Most specific first: topic, then the consumed tiers (own tier first, then
-            -- downward), then global. A user's own cap replaces a default only when lower.
-            -- A consumed tier's windows are the user's segment's when the policy gives
-            -- that segment windows for the tier (gov.segment_caps), else the tier's own.
-            -- A user's own cap over a window those segment windows lack still holds, on
-            -- its own: segment windows never lift a user's own limit.
+            v_free_at := NULL;
+            -- Does the user have caps of their own? Then each window's cap is the least of
+            -- the default and theirs, and their cap over a window the segment's windows
+            -- lack still holds on its own: segment windows never lift a user's own limit.
+            v_own := EXISTS (SELECT 1 FROM gov.user_caps uc WHERE uc.user_id = p_user_id);
+            <<rules>>
             FOR r_rule IN
-                SELECT x.budget, x.window_ms, least(x.cap, uc.cap) AS cap, x.rule_name, x.scope
-                  FROM (
-                        SELECT 'topic:' || p_topic AS budget, c.window_ms, c.cap,
-                               'topic_cap_' || c.window_ms || 'ms' AS rule_name, 'topic' AS scope,
-                               1 AS ord1, 0 AS ord2
-                          FROM gov.caps c
-                         WHERE p_topic IS NOT NULL AND c.scope = 'topic'
-                           AND c.topic = CASE WHEN EXISTS (SELECT 1 FROM gov.caps o
-                                                            WHERE o.scope = 'topic' AND o.topic = p_topic)
-                                              THEN p_topic ELSE '*' END
-                        UNION ALL
-                        SELECT tc.consumes, c.window_ms, c.cap,
-                               'cap_' || c.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN gov.caps c ON c.scope = tc.consumes AND c.topic = ''
-                         WHERE tc.tier = p_tier
-                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
-                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
-                        UNION ALL
-                        SELECT tc.consumes, sc.window_ms, sc.cap,
-                               'cap_' || sc.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN gov.segment_caps sc ON sc.tier = tc.consumes AND sc.segment = v_seg_key
-                         WHERE tc.tier = p_tier
-                        UNION ALL
-                        SELECT tc.consumes, uo.window_ms, uo.cap,
-                               'cap_' || uo.window_ms || 'ms', tc.consumes,
-                               2, CASE WHEN tc.consumes = p_tier THEN -100
-                                       ELSE -substr(tc.consumes, 2)::int END
-                          FROM gov.tier_consumes tc
-                          JOIN gov.user_caps uo ON uo.user_id = p_user_id AND uo.scope = tc.consumes
-                         WHERE tc.tier = p_tier
-                           AND EXISTS (SELECT 1 FROM gov.segment_caps s
-                                        WHERE s.tier = tc.consumes AND s.segment = v_seg_key)
-                           AND NOT EXISTS (SELECT 1 FROM gov.segment_caps s
-                                            WHERE s.tier = tc.consumes AND s.segment = v_seg_key
-                                              AND s.window_ms = uo.window_ms)
-                           -- only a cap with a default to lower, as the guard admits
-                           AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL
-                        UNION ALL
-                        SELECT 'global', c.window_ms, c.cap,
-                               'global_cap_' || c.window_ms || 'ms', 'global', 3, 0
-                          FROM gov.caps c
-                         WHERE c.scope = 'global'
-                       ) x
-                  LEFT JOIN gov.user_caps uc
-                         ON uc.user_id = p_user_id AND uc.scope = x.scope AND uc.window_ms = x.window_ms
-                 ORDER BY x.ord1, x.ord2, x.window_ms
+                SELECT r.seq, r.budget, r.scope, r.windows, r.caps
+                  FROM gov.compiled_rules r
+                 WHERE NOT v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                UNION ALL
+                SELECT r.seq, r.budget, r.scope, o.windows, o.caps
+                  FROM gov.compiled_rules r
+                 CROSS JOIN LATERAL (
+                        SELECT array_agg(x.w ORDER BY x.w) AS windows, array_agg(x.c ORDER BY x.w) AS caps
+                          FROM (SELECT d.w, least(d.c, uc.cap) AS c
+                                  FROM unnest(r.windows, r.caps) AS d(w, c)
+                                  LEFT JOIN gov.user_caps uc
+                                         ON uc.user_id = p_user_id AND uc.scope = r.scope AND uc.window_ms = d.w
+                                UNION ALL
+                                SELECT uo.window_ms, uo.cap
+                                  FROM gov.user_caps uo
+                                 WHERE uo.user_id = p_user_id AND uo.scope = r.scope
+                                   AND r.scope NOT IN ('topic', 'global')
+                                   AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                                WHERE s.tier = r.scope AND s.segment = v_seg_key)
+                                   AND NOT uo.window_ms = ANY (r.windows)
+                                   -- only a cap with a default to lower, as the guard admits
+                                   AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL) x
+                       ) o
+                 WHERE v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                 ORDER BY 1
             LOOP
-                SELECT count(*) INTO v_used
+                v_budget := CASE WHEN r_rule.scope = 'topic' THEN 'topic:' || p_topic ELSE r_rule.budget END;
+                -- Every window of the budget (up to four) in one range scan over the longest.
+                SELECT ARRAY[count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[1] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[2] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[3] * interval '1 millisecond'),
+                             count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[4] * interval '1 millisecond')]
+                  INTO v_counts
                   FROM gov.sends s
-                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
-                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond';
-                CONTINUE WHEN v_used < r_rule.cap;
+                 WHERE s.user_id = p_user_id AND s.budget = v_budget
+                   AND s.sent_at > v_now - r_rule.windows[least(cardinality(r_rule.windows), 4)]
+                                           * interval '1 millisecond';
+                FOR i IN 1 .. cardinality(r_rule.windows) LOOP
+                    v_window := r_rule.windows[i];
+                    IF i <= 4 THEN
+                        v_used := v_counts[i];
+                    ELSE  -- a fifth window and beyond: a count of its own
+                        SELECT count(*) INTO v_used
+                          FROM gov.sends s
+                         WHERE s.user_id = p_user_id AND s.budget = v_budget
+                           AND s.sent_at > v_now - v_window * interval '1 millisecond';
+                    END IF;
+                    CONTINUE WHEN v_used < r_rule.caps[i];
 
-                -- Blocked. A slot frees when enough of the oldest rows leave the window
-                -- for the count to drop below the cap (more than one when a cap was lowered).
-                SELECT s.sent_at + r_rule.window_ms * interval '1 millisecond' INTO v_free_at
-                  FROM gov.sends s
-                 WHERE s.user_id = p_user_id AND s.budget = r_rule.budget
-                   AND s.sent_at > v_now - r_rule.window_ms * interval '1 millisecond'
-                 ORDER BY s.sent_at
-                OFFSET v_used - r_rule.cap LIMIT 1;
-                IF r_rule.cap = 0 THEN
-                    v_free_at := NULL;  -- a cap of 0 never frees a slot
-                END IF;
-                v_rule := r_rule.rule_name;
-                v_scope := r_rule.scope;
-                v_cap := r_rule.cap;
-                v_action := v_tier.on_exceed;
-                EXIT;
+                    -- Blocked. A slot frees when enough of the oldest rows leave the window
+                    -- for the count to drop below the cap (more than one when a cap was lowered).
+                    v_cap := r_rule.caps[i];
+                    IF v_cap > 0 THEN  -- a cap of 0 never frees a slot
+                        SELECT s.sent_at + v_window * interval '1 millisecond' INTO v_free_at
+                          FROM gov.sends s
+                         WHERE s.user_id = p_user_id AND s.budget = v_budget
+                           AND s.sent_at > v_now - v_window * interval '1 millisecond'
+                         ORDER BY s.sent_at
+                        OFFSET v_used - v_cap LIMIT 1;
+                    END IF;
+                    v_rule := CASE r_rule.scope WHEN 'topic' THEN 'topic_cap_' WHEN 'global' THEN 'global_cap_'
+                                                ELSE 'cap_' END || v_window || 'ms';
+                    v_scope := r_rule.scope;
+                    v_action := v_tier.on_exceed;
+                    EXIT rules;
+                END LOOP;
             END LOOP;
         END IF;
 
@@ -880,14 +896,13 @@ BEGIN
             RETURN;
         END IF;
 
-        -- Every rule passed: spend one slot in each budget.
+        -- Every rule passed: spend one slot in each budget some cap reads (for a user of
+        -- any segment, so a change of segment finds the history it needs).
         INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT p_user_id, tc.consumes, v_now, p_message_id
-          FROM gov.tier_consumes tc WHERE tc.tier = p_tier
-        UNION ALL
-        SELECT p_user_id, 'topic:' || p_topic, v_now, p_message_id WHERE p_topic IS NOT NULL
-        UNION ALL
-        SELECT p_user_id, 'global', v_now, p_message_id;
+        SELECT DISTINCT p_user_id, CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END,
+               v_now, p_message_id
+          FROM gov.compiled_rules r
+         WHERE r.tier = p_tier AND r.topic = v_topic;
     END IF;
 
     IF p_release THEN
@@ -1278,7 +1293,8 @@ $$;
 --   collapsed   held, then collapsed into a named summary (or the group's current carrier)
 --   failed      held, and the releaser failed on it (gov.deferred.error says why)
 -- Send rows older than gov.settings.pruned_before may be gone (gov prune): a message
--- decided before then is not held to "allowed and spent its budget".
+-- decided before then is not held to "allowed and spent its budget", nor is one whose
+-- tier and topic spend no budget a cap reads (gov.spent_budgets: none are written).
 CREATE OR REPLACE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
 RETURNS TABLE (user_id text, message_id text, tier text, state text)
 LANGUAGE sql STABLE AS $$
@@ -1305,6 +1321,7 @@ LANGUAGE sql STABLE AS $$
              WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
                THEN 'INCONSISTENT: P0 counted or suppressed'
              WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
+                  AND cardinality(gov.spent_budgets(m.tier, m.topic)) > 0
                   AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
                THEN 'INCONSISTENT: allowed without spending its budget'
              WHEN NOT m.allowed AND m.spent > 0
