@@ -14,3 +14,19 @@ SELECT outbox_id, claim_token, user_id, message_id, tier, attempts, subscription
 -- name: record_attempts
 SELECT outbox_id, state FROM gov.record_attempts_v2(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
                                                     %(backoff_cap_ms)s, %(now)s);
+
+-- name: subscriptions_by_endpoint
+-- The rows a browser's endpoint had (newest first), for a browser that proves it holds one
+-- (the endpoint and its auth secret) to renew or retire it.
+SELECT id, user_id, auth, retired_at IS NULL AS live, coalesce(retired_reason, '') AS retired_reason
+  FROM gov.subscriptions
+ WHERE endpoint = %(endpoint)s
+ ORDER BY id DESC
+ LIMIT 20;
+
+-- name: retire_subscription
+-- A live subscription the browser itself ended (gov.unsubscribe) or replaced (pushsubscriptionchange).
+UPDATE gov.subscriptions
+   SET retired_at = clock_timestamp(), retired_reason = %(reason)s
+ WHERE id = %(id)s AND retired_at IS NULL
+RETURNING id;
