@@ -24,6 +24,7 @@ from gov.testing import PushService
 from tests.browser.conftest import API_TOKEN, Server, fake_subscribe_script
 
 USER = "user-42"
+SUBSCRIBE_DONE = "() => /subscribed:|subscribe failed/.test(document.getElementById('log').textContent)"
 NOTIFICATIONS = """async () => (await (await navigator.serviceWorker.ready).getNotifications())
     .map((n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data }))"""
 
@@ -59,8 +60,7 @@ class Browser:
         self.page.fill("#api-token", API_TOKEN)
         self.page.fill("#user-id", user)
         self.page.click("#subscribe")
-        self.page.wait_for_function("() => /subscribed:|subscribe failed/.test($('log').textContent)".replace(
-            "$('log')", "document.getElementById('log')"))
+        self.page.wait_for_function(SUBSCRIBE_DONE)
 
     def registration_id(self) -> str:
         for _ in range(200):  # events arrive while Playwright waits
