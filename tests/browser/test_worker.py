@@ -75,10 +75,14 @@ class Browser:
         self.cdp.send("ServiceWorker.deliverPushMessage",
                       {"origin": self.server.origin, "registrationId": self.registration_id(), "data": data})
 
-    def notifications(self, count: int | None = None) -> list[dict[str, Any]]:
+    def notifications(self, count: int | None = None, showing: str | None = None) -> list[dict[str, Any]]:
+        """The notifications shown, once there are ``count`` of them (and one is of message ``showing``)."""
         if count is not None:
             self.page.wait_for_function(
-                f"async () => (await (await navigator.serviceWorker.ready).getNotifications()).length === {count}")
+                """async ([count, id]) => {
+                    const shown = await (await navigator.serviceWorker.ready).getNotifications();
+                    return shown.length === count && (id === null || shown.some((n) => n.data && n.data.id === id));
+                }""", arg=[count, showing])
         return self.page.evaluate(NOTIFICATIONS)  # type: ignore[no-any-return]
 
     def worker(self) -> Any:
@@ -148,12 +152,12 @@ def test_subscribe_send_display_replace(
         assert len(received) == n and received[-1].payload is not None
         browser.deliver(received[-1].payload)
         if n == 1:
-            (shown,) = browser.notifications(1)
+            (shown,) = browser.notifications(1, showing="m1")
             assert shown == {"title": "Order shipped", "body": "step 1", "tag": "order-7",
                              "data": {"url": "/orders/7", "tier": "P0", "id": "m1"}}
 
     # the same collapse key: the second replaced the first
-    (shown,) = browser.notifications(1)
+    (shown,) = browser.notifications(1, showing="m2")
     assert (shown["title"], shown["tag"], shown["data"]["id"]) == ("Order out for delivery", "order-7", "m2")
 
     rows = wait_rows(conn, EVENTS, {}, 2, browser.page)
@@ -211,7 +215,12 @@ def test_click_and_close_beacons(
         browser.deliver(build_payload(f"C{n}", "", f"c{n}", "/demo", "P0", f"c{n}"))
     browser.notifications(2)
     result = browser.worker().evaluate("""async () => {
-        const [a, b] = (await self.registration.getNotifications()).sort((x, y) => x.tag.localeCompare(y.tag));
+        let shown = [];
+        for (let i = 0; i < 200 && shown.length < 2; i++) {  // as the worker sees them
+            shown = await self.registration.getNotifications();
+            if (shown.length < 2) await new Promise((r) => setTimeout(r, 25));
+        }
+        const a = shown.find((n) => n.tag === 'c1'), b = shown.find((n) => n.tag === 'c2');
         await self.gov.onClick({ notification: a });
         await self.gov.onClose({ notification: b });
         return (await self.registration.getNotifications()).map((n) => n.tag);
