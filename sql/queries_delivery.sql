@@ -18,3 +18,21 @@ SELECT outbox_id, state FROM gov.record_attempts_v3(%(worker)s, %(attempts)s, %(
 -- name: shard_keys
 -- One key per shard the runner and the releaser walk ({NULL} on one server).
 SELECT gov.shard_keys_v1();
+
+-- name: subscriptions_by_endpoint
+-- The rows a browser's endpoint had (newest first), for a browser that proves it holds one
+-- (the endpoint and its auth secret) to renew or retire it.
+SELECT id, user_id, auth, retired_at IS NULL AS live, coalesce(retired_reason, '') AS retired_reason
+  FROM gov.subscriptions
+ WHERE endpoint = %(endpoint)s
+ ORDER BY id DESC
+ LIMIT 20;
+
+-- name: retire_subscription
+-- A live subscription the browser itself ended (gov.unsubscribe) or replaced (pushsubscriptionchange).
+-- (By user and id: on a Citus cluster one shard's row; now(), as Citus admits no volatile
+-- call in an UPDATE of a distributed table.)
+UPDATE gov.subscriptions
+   SET retired_at = now(), retired_reason = %(reason)s
+ WHERE user_id = %(user_id)s AND id = %(id)s AND retired_at IS NULL
+RETURNING id;

@@ -202,14 +202,19 @@ def check(
         help="Port to listen on (0: any free port, announced on stderr).")
 @option("--pool-size", type=click.IntRange(1, 256), default=8, help="Database connections.")
 @option("--access-log", is_flag=True, help="Log every request.")
+@option("--demo", is_flag=True, envvar="GOV_SERVE_DEMO",
+        help="Also serve /demo: subscribe this browser and send it a test notification (needs GOV_API_TOKEN).")
 @url_option
-def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: str | None) -> None:
+def serve(host: str, port: int, pool_size: int, access_log: bool, demo: bool, database_url: str | None) -> None:
     """Serve the HTTP API: /internal/send, /events, /users/{id}/preferences, /healthz, /metrics.
 
     Needs GOV_API_TOKEN (the bearer token of /internal and /users); refuses to start
     without it. With GOV_VAPID_PRIVATE_KEY set it also delivers at once; without, allowed
     messages wait in the outbox for `gov dispatch`. GOV_METRICS_TOKEN, if set, is a
-    scrape-only bearer token for /metrics (which also takes GOV_API_TOKEN).
+    scrape-only bearer token for /metrics (which also takes GOV_API_TOKEN). It serves the
+    service worker (/gov-sw.js) and the page helper (/gov.js); browsers subscribe at
+    POST /subscriptions with a token the app signs under GOV_SUBSCRIBE_SECRET (or the file
+    GOV_SUBSCRIBE_SECRET_FILE names). --demo adds a page at /demo.
     """
     try:
         from gov.http import app as serve_mod
@@ -218,7 +223,10 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
             f"gov serve needs fastapi, pydantic and uvicorn (dependencies of gov; reinstall it): {exc}"
         ) from None
 
+    from gov.http.tokens import secret_from_env
+
     token = os.environ.get(serve_mod.ENV_TOKEN)
+    subscribe_secret = secret_from_env()
     signer = None
     if os.environ.get("GOV_VAPID_PRIVATE_KEY"):
         from gov.delivery.vapid import VapidSigner
@@ -227,4 +235,5 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, database_url: 
     serve_mod.serve(
         dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
         access_log=access_log, metrics_token=os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None,
+        subscribe_secret=subscribe_secret, demo=demo,
     )

@@ -10,6 +10,10 @@ Routes::
     GET  /metrics                     Prometheus text format (gov.ops.metrics): counts only, no user data
     GET  /openapi.json                this API, described (generated from gov.http.models)
 
+and the browser half (:mod:`gov.http.browser`): ``GET /gov-sw.js`` and ``/gov.js``,
+``POST /subscriptions`` (with an app-signed subscribe token), ``POST /subscriptions/retire``,
+``POST /events/errors``, and with ``--demo`` the page ``GET /demo``.
+
 ``/internal/*`` and ``/users/*`` need ``Authorization: Bearer <GOV_API_TOKEN>`` (compared
 in constant time; 401 and nothing written without it). ``/metrics`` needs a bearer token
 too, since the server is often reachable from the internet for ``/events``: the scrape-only
@@ -174,9 +178,15 @@ class GovRoute(APIRoute):
         guards = [d.call for d in self.dependant.dependencies if isinstance(d.call, BearerToken)]
         takes_body = self.body_field is not None
 
+        json_only = getattr(self.endpoint, "gov_json_only", False)
+
         async def guarded(request: Request) -> Response:
             for guard in guards:
                 guard.check(request)
+            if json_only:
+                media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+                if media_type != "application/json":
+                    raise HTTPError(415, f"Content-Type must be application/json, got {media_type or 'none'}")
             if takes_body:
                 request = await JSONRequest.read(request, request.app.state.max_body)
             return await handler(request)
@@ -291,7 +301,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 _REASONS = {
-    400: "not JSON, or no body", 401: "missing or wrong bearer token", 413: "the body is over the limit",
+    400: "not JSON, or no body", 401: "missing or wrong bearer token", 403: "the token or proof is refused",
+    404: "nothing to act on", 413: "the body is over the limit", 415: "the body must be application/json",
+    501: "not configured on this server (see the message)",
     422: "well-formed but invalid: nothing was written", 503: "the database is unavailable; retry later",
 }
 
@@ -355,6 +367,8 @@ def create_app(
     max_body: int = MAX_BODY_BYTES,
     close_on_shutdown: bool = False,
     metrics_token: str | None = None,
+    subscribe_secret: bytes | None = None,
+    demo: bool = False,
 ) -> FastAPI:
     """The ASGI application over ``governor``; ``token`` guards /internal and /users.
 
@@ -363,6 +377,9 @@ def create_app(
 
     With ``close_on_shutdown`` the governor is closed when the server shuts down (its
     lifespan ends); otherwise it stays yours to close.
+
+    ``subscribe_secret`` (:mod:`gov.http.tokens`) lets browsers subscribe with the app's
+    tokens (``POST /subscriptions``: 501 without it); ``demo`` adds the demo page.
     """
     if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_LENGTH:
         raise ConfigurationError(
@@ -484,6 +501,10 @@ def create_app(
     async def openapi() -> Response:
         return JSONResponse(app.openapi())
 
+    from gov.http import browser
+
+    browser.install(app, governor, secret=subscribe_secret, demo=demo, api_token=api_token)
+
     app.state.max_body = max_body
     install_error_handlers(app)
     app.add_middleware(HeadAsGet)
@@ -500,6 +521,8 @@ def serve(
     signer: Any = None,
     pool_size: int = 8,
     access_log: bool = False,
+    subscribe_secret: bytes | None = None,
+    demo: bool = False,
 ) -> None:
     """Run the server until SIGINT/SIGTERM. Refuses to start without a good token.
 
@@ -512,7 +535,8 @@ def serve(
         raise ConfigurationError(f"{ENV_TOKEN} is not set: gov serve refuses to start without its bearer token")
     governor = Governor(database_url, signer=signer, pool_size=pool_size)
     try:
-        app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token)
+        app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token,
+                         subscribe_secret=subscribe_secret, demo=demo)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -528,6 +552,11 @@ def serve(
         if signer is None:
             print("gov: no VAPID key (GOV_VAPID_PRIVATE_KEY): sends are recorded, gov dispatch delivers them",
                   file=sys.stderr)
+        if subscribe_secret is None:
+            print("gov: no subscribe secret (GOV_SUBSCRIBE_SECRET): POST /subscriptions refuses tokens (501)",
+                  file=sys.stderr)
+        if demo:
+            print(f"gov: demo page on http://{shown}:{bound_port}/demo", file=sys.stderr)
         print(f"gov: serving on http://{shown}:{bound_port}", file=sys.stderr, flush=True)
         # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
         # once the lifespan has closed the governor

@@ -192,3 +192,85 @@ class Preferences(Body):
 
 class Health(Body):
     ok: bool
+
+
+# ---------------------------------------------------------------- the browser half (gov.js, gov-sw.js)
+
+#: Longest subscribe token accepted (the longest user id, base64url, with room to spare).
+MAX_TOKEN_LENGTH = 32 + 4 * MAX_ID_LENGTH
+#: A push service's endpoint is at most this long (gov.delivery.subscription refuses longer).
+MAX_ENDPOINT_LENGTH = 2048
+#: base64url of a 65-byte P-256 point is 87 characters, of a 16-byte secret 22: with padding room.
+MAX_KEY_LENGTH = 128
+
+
+class PushKeys(Body):
+    """``PushSubscription.toJSON().keys``: the browser's P-256 public key and auth secret."""
+
+    p256dh: str = Field(alias="p256dh", min_length=1, max_length=MAX_KEY_LENGTH)  # not camelCased: the browser's name
+    auth: str = Field(min_length=1, max_length=MAX_KEY_LENGTH)
+
+
+class PushSubscriptionJSON(Body):
+    """What ``PushSubscription.toJSON()`` gives in the browser; checked again by gov when stored."""
+
+    endpoint: Annotated[str, Field(min_length=1, max_length=MAX_ENDPOINT_LENGTH)]
+    expiration_time: float | None = None
+    keys: PushKeys
+
+
+class Proof(Body):
+    """A subscription the browser holds (its endpoint and auth secret, which only it and gov know)."""
+
+    endpoint: Annotated[str, Field(min_length=1, max_length=MAX_ENDPOINT_LENGTH)]
+    auth: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+
+
+class Subscribe(Body):
+    """A browser's subscription, for the user of ``token`` (or of ``previous``, which it replaces).
+
+    ``token`` is the app's short-lived subscribe token (:mod:`gov.http.tokens`): the user is
+    the one it was minted for, never one the browser names. ``userId``, if given, must be that
+    user. ``previous`` is for the service worker's ``pushsubscriptionchange``, which has no
+    token: the subscription it replaces proves the user.
+    """
+
+    subscription: PushSubscriptionJSON
+    token: Annotated[str, Field(min_length=1, max_length=MAX_TOKEN_LENGTH)] | None = None
+    user_id: Id | None = None
+    previous: Proof | None = None
+
+    @model_validator(mode="after")
+    def _one_proof(self) -> Subscribe:
+        if (self.token is None) == (self.previous is None):
+            raise ValueError("give token (a subscribe token from the app) or previous (the subscription replaced)")
+        return self
+
+
+class Subscribed(Body):
+    """The stored subscription: the id beacons may name, and the user it belongs to."""
+
+    subscription_id: int
+    user_id: str
+
+
+class WorkerError(Body):
+    """gov-sw.js reports what it could not do (a payload it could not read); counted, never stored."""
+
+    kind: Literal["payload"]
+    detail: Annotated[str, Field(max_length=200)] | None = None
+    message_id: Id | None = None
+
+
+class TokenRequest(Body):
+    """``gov serve --demo``: the operator asks for a subscribe token for a user."""
+
+    user_id: Id
+
+
+class SubscribeToken(Body):
+    """A subscribe token for ``userId``, valid ``expiresIn`` seconds."""
+
+    token: str
+    user_id: str
+    expires_in: int

@@ -45,6 +45,7 @@ _MARK_ENV = "GOV_METRICS_MULTIPROC"  # set by expose(): spawned children enable 
 _lock = threading.Lock()
 _attempts: Any = None
 _seconds: Any = None
+_worker_errors: Any = None
 
 
 def status_class(status: int | None) -> str:
@@ -56,11 +57,18 @@ def status_class(status: int | None) -> str:
 
 def enable() -> None:
     """Start recording attempts in this process (idempotent)."""
-    global _attempts, _seconds
+    global _attempts, _seconds, _worker_errors
     with _lock:
         if _attempts is not None:
             return
         from prometheus_client import Counter, Histogram
+
+        _worker_errors = Counter(
+            "gov_worker_errors",
+            "Errors gov's service worker reported to `gov serve` (payload: a push it could not read, "
+            "shown as a generic notification). A total since start.",
+            ["kind"],
+        )
 
         _attempts = Counter(
             "gov_push_attempts",
@@ -76,6 +84,12 @@ def enable() -> None:
 
 def enabled() -> bool:
     return _attempts is not None
+
+
+def observe_worker_error(kind: str) -> None:
+    """Count one error a service worker reported (``kind`` is one of a fixed few: no user data)."""
+    if _worker_errors is not None:
+        _worker_errors.labels(kind).inc()
 
 
 def observe_attempt(outcome: str, status: int | None, seconds: float) -> None:

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from gov import Governor
 from gov.cli import main
 from gov.http.app import MAX_BODY_BYTES, create_app
-from gov.http.models import Error, Event, Preferences, Segment, Send
+from gov.http.models import Error, Event, Preferences, Proof, Segment, Send, Subscribe, WorkerError
 from gov.message import MAX_ID_LENGTH, MAX_TTL_S
 
 with warnings.catch_warnings():
@@ -293,7 +293,9 @@ def test_healthz_and_openapi(client: TestClient, db_url: str) -> None:
     assert spec["openapi"].startswith("3.")
     assert set(spec["paths"]) == {"/internal/send", "/events", "/users/{userId}/preferences",
                                   "/internal/users/{userId}/segment", "/healthz",
-                                  "/metrics", "/openapi.json"}
+                                  "/metrics", "/openapi.json",
+                                  # the browser half (gov.http.browser); the demo's routes only with --demo
+                                  "/gov-sw.js", "/gov.js", "/subscriptions", "/subscriptions/retire", "/events/errors"}
     assert spec["components"]["schemas"]["Send"]["required"] == ["userId", "tier", "id", "title"]
     with Governor(db_url, pool_size=1, pool_timeout=0.5) as governor:
         app = create_app(governor, TOKEN)
@@ -323,6 +325,11 @@ ROUTES = [
     ("get", "/healthz", None),
     ("get", "/metrics", None),
     ("get", "/openapi.json", None),
+    ("get", "/gov-sw.js", None),
+    ("get", "/gov.js", None),
+    ("post", "/subscriptions", Subscribe),
+    ("post", "/subscriptions/retire", Proof),
+    ("post", "/events/errors", WorkerError),
 ]
 
 

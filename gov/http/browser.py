@@ -1,0 +1,214 @@
+"""The browser half of `gov serve`: the service worker, the subscribe helper, subscribe and the demo.
+
+Routes (installed by :func:`install`)::
+
+    GET  /gov-sw.js               the service worker (or importScripts it into your own)
+    GET  /gov.js                  the page's subscribe helper: gov.subscribe(), gov.unsubscribe()
+    POST /subscriptions           a browser's subscription, for the user of an app-signed token → 201
+    POST /subscriptions/retire    the browser unsubscribed (proof: its endpoint and auth secret) → 204
+    POST /events/errors           the worker could not read a push (counted in /metrics, not stored) → 204
+    GET  /demo                    with --demo: a page that subscribes this browser and sends it a test
+    POST /demo/token              with --demo: a subscribe token for a user (bearer GOV_API_TOKEN)
+
+``POST /subscriptions`` takes ``application/json`` only (415 otherwise) and never a bare user
+id: the user is the one the app's token (:mod:`gov.http.tokens`) names, or, for a worker
+renewing after ``pushsubscriptionchange``, the owner of the subscription it replaces, proved
+by that subscription's endpoint and auth secret (which only the browser and gov know).
+Without a subscribe secret (``GOV_SUBSCRIBE_SECRET``) token subscribe answers 501.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Security
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from gov.delivery.subscription import b64url_decode
+from gov.governor import Governor
+from gov.http.models import Proof, Subscribe, Subscribed, SubscribeToken, TokenRequest, WorkerError
+from gov.http.tokens import (
+    DEFAULT_TTL_S,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    InvalidToken,
+    mint_subscribe_token,
+    verify_subscribe_token,
+)
+from gov.ops import metrics as gov_metrics
+from gov.queries import q
+
+JS = "text/javascript; charset=utf-8"
+HTML = "text/html; charset=utf-8"
+#: Retired this way, a subscription may be renewed by the browser that held it
+#: (a push service's 404/410 often comes just before the browser's pushsubscriptionchange).
+RENEWABLE_REASON = "push service answered"
+REPLACED_REASON = "replaced by the browser (pushsubscriptionchange)"
+UNSUBSCRIBED_REASON = "unsubscribed in the browser (gov.unsubscribe)"
+NO_SECRET = (
+    f"subscribe is not configured: set {ENV_SECRET} (or {ENV_SECRET_FILE}) to the secret the app signs "
+    "subscribe tokens with"
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_only(endpoint: F) -> F:
+    """Mark a route that refuses any Content-Type but application/json (415, before the body is read)."""
+    endpoint.gov_json_only = True  # type: ignore[attr-defined]
+    return endpoint
+
+
+@cache
+def static(name: str) -> bytes:
+    """A file shipped in ``gov/http/static`` (read once)."""
+    return (resources.files("gov.http") / "static" / name).read_bytes()
+
+
+def _asset(name: str, media_type: str) -> Response:
+    # no-cache: revalidated on every load, so a gov upgrade reaches browsers at once
+    return Response(static(name), media_type=media_type, headers={
+        "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
+    })
+
+
+def _same_secret(given: str, stored: str) -> bool:
+    """Two base64url auth secrets, compared as bytes in constant time (False when unreadable)."""
+    try:
+        return hmac.compare_digest(b64url_decode(given), b64url_decode(stored))
+    except ValueError:
+        return False
+
+
+def _held(governor: Governor, proof: Proof, *, renewable: bool) -> tuple[int, str, bool] | None:
+    """``(id, user_id, live)`` of the subscription ``proof`` holds, or None.
+
+    Live rows always; with ``renewable`` also one a push service retired (404/410), which a
+    browser renews after ``pushsubscriptionchange``. Never one the user left on purpose.
+    """
+    rows = governor.source.execute(q("subscriptions_by_endpoint"), {"endpoint": proof.endpoint})
+    for sub_id, user_id, auth, live, reason in rows:
+        if not (live or (renewable and str(reason).startswith(RENEWABLE_REASON))):
+            continue
+        if _same_secret(proof.auth, auth):
+            return int(sub_id), str(user_id), bool(live)
+    return None
+
+
+def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subscribed:
+    """Store ``body.subscription`` for the user its token (or its previous subscription) proves.
+
+    Raises HTTPError 501 (no secret), 403 (bad token or proof), or
+    :class:`gov.errors.InvalidSubscription` (422); nothing is written then.
+    """
+    from gov.http.app import HTTPError
+
+    replaced: int | None = None
+    if body.token is not None:
+        if secret is None:
+            raise HTTPError(501, NO_SECRET)
+        try:
+            user_id = verify_subscribe_token(secret, body.token, user_id=body.user_id)
+        except InvalidToken as exc:
+            raise HTTPError(403, str(exc)) from None
+    else:
+        assert body.previous is not None  # the model requires one of the two
+        held = _held(governor, body.previous, renewable=True)
+        if held is None:
+            raise HTTPError(403, "previous: no subscription with this endpoint and auth secret to renew")
+        old_id, user_id, live = held
+        if body.user_id is not None and body.user_id != user_id:
+            raise HTTPError(403, "previous: the subscription belongs to another user")
+        if live and body.previous.endpoint != body.subscription.endpoint:
+            replaced = old_id
+    sub_id = governor.subscribe(user_id, body.subscription.model_dump(by_alias=True))
+    if replaced is not None:
+        governor.source.execute(q("retire_subscription"),
+                                {"user_id": user_id, "id": replaced, "reason": REPLACED_REASON})
+    return Subscribed.model_validate({"subscriptionId": sub_id, "userId": user_id})
+
+
+def retire(governor: Governor, proof: Proof) -> None:
+    """Retire the live subscription ``proof`` holds (the browser unsubscribed); 404 when none."""
+    from gov.http.app import HTTPError
+
+    held = _held(governor, proof, renewable=False)
+    if held is None:
+        raise HTTPError(404, "no live subscription with this endpoint and auth secret")
+    governor.source.execute(q("retire_subscription"),
+                            {"user_id": held[1], "id": held[0], "reason": UNSUBSCRIBED_REASON})
+
+
+def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: bool, api_token: Any) -> None:
+    """Add the browser routes to ``app`` (the demo's only with ``demo``)."""
+    from gov.http.app import HTTPError, refusals
+
+    @app.get("/gov-sw.js", summary="gov's service worker", response_class=Response,
+             responses={200: {"content": {"text/javascript": {}}, "description": "JavaScript"}})
+    async def service_worker() -> Response:
+        return _asset("gov-sw.js", JS)
+
+    @app.get("/gov.js", summary="The page's subscribe helper (gov.subscribe, gov.unsubscribe)",
+             response_class=Response,
+             responses={200: {"content": {"text/javascript": {}}, "description": "JavaScript"}})
+    async def helper() -> Response:
+        return _asset("gov.js", JS)
+
+    @app.post(
+        "/subscriptions", summary="Store this browser's subscription for the user of an app-signed token",
+        status_code=201, response_model=Subscribed, responses=refusals(400, 403, 413, 415, 422, 501, 503),
+    )
+    @json_only
+    async def subscriptions(body: Subscribe) -> Subscribed:
+        if body.token is not None and secret is None:
+            raise HTTPError(501, NO_SECRET)
+        return await run_in_threadpool(subscribe, governor, secret, body)
+
+    @app.post(
+        "/subscriptions/retire", summary="The browser unsubscribed: retire its subscription",
+        status_code=204, response_class=Response, responses=refusals(400, 404, 413, 415, 422, 503),
+    )
+    @json_only
+    async def retire_subscription(body: Proof) -> Response:
+        await run_in_threadpool(retire, governor, body)
+        return Response(status_code=204)
+
+    @app.post(
+        "/events/errors", summary="The service worker could not read a push (counted, not stored)",
+        status_code=204, response_class=Response, responses=refusals(400, 413, 422),
+    )
+    async def worker_error(body: WorkerError) -> Response:
+        gov_metrics.observe_worker_error(body.kind)
+        return Response(status_code=204)
+
+    if not demo:
+        return
+
+    @app.get("/demo", summary="Demo: subscribe this browser, send it a test notification", response_class=Response)
+    async def demo_page() -> Response:
+        return _asset("demo.html", HTML)
+
+    @app.get("/demo/demo.js", summary="Demo: the page's script", response_class=Response)
+    async def demo_script() -> Response:
+        return _asset("demo.js", JS)
+
+    @app.get("/demo/config.json", summary="Demo: the VAPID public key browsers subscribe with")
+    async def demo_config() -> JSONResponse:
+        key = governor.signer.public_key if governor.signer is not None else None
+        return JSONResponse({"vapidPublicKey": key, "subscribe": secret is not None})
+
+    @app.post(
+        "/demo/token", summary="Demo: a subscribe token for a user (the operator's API token required)",
+        response_model=SubscribeToken, dependencies=[Security(api_token)],
+        responses=refusals(400, 401, 413, 422, 501),
+    )
+    async def demo_token(body: TokenRequest) -> SubscribeToken:
+        if secret is None:
+            raise HTTPError(501, NO_SECRET)
+        token = mint_subscribe_token(secret, body.user_id, ttl_s=DEFAULT_TTL_S)
+        return SubscribeToken.model_validate({"token": token, "userId": body.user_id, "expiresIn": DEFAULT_TTL_S})

@@ -1,0 +1,274 @@
+"""gov-sw.js and gov.js in a real headless Chromium, against a real `gov serve --demo`.
+
+A push reaches the worker through the DevTools protocol (``ServiceWorker.deliverPushMessage``),
+carrying the payload gov's own runner built and encrypted for gov's test push service
+(decrypted there, as the browser would). What cannot run here is the browser's own
+``pushManager.subscribe`` returning a subscription: that needs a push service reachable from
+Chromium (FCM for Chromium), so the tests stop at that call (its arguments are checked, and
+its refusal is shown on the page) or answer it with a subscription of gov's test push service.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from gov.delivery.push import build_payload
+from gov.delivery.subscription import b64url_decode
+from gov.testing import PushService
+from tests.browser.conftest import API_TOKEN, Server, fake_subscribe_script
+
+USER = "user-42"
+SUBSCRIBE_DONE = "() => /subscribed:|subscribe failed/.test(document.getElementById('log').textContent)"
+NOTIFICATIONS = """async () => (await (await navigator.serviceWorker.ready).getNotifications())
+    .map((n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data }))"""
+
+
+def api(server: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        server.url(path), data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read() or b"{}")  # type: ignore[no-any-return]
+
+
+class Browser:
+    """One page of gov's demo in a fresh Chromium context, with notifications granted."""
+
+    def __init__(self, chromium: Any, server: Server, subscription: dict[str, Any] | None) -> None:
+        self.server = server
+        self.context = chromium.new_context()
+        self.context.grant_permissions(["notifications"], origin=server.origin)
+        self.context.add_init_script(fake_subscribe_script(subscription))
+        self.page = self.context.new_page()
+        self.page.goto(server.url("/demo"))
+        self.page.wait_for_function("() => window.gov && document.readyState === 'complete'")
+        self.cdp = self.context.new_cdp_session(self.page)
+        self.registrations: list[dict[str, Any]] = []
+        self.cdp.on("ServiceWorker.workerRegistrationUpdated",
+                    lambda e: self.registrations.extend(e["registrations"]))
+        self.cdp.send("ServiceWorker.enable")
+
+    def subscribe(self, user: str = USER) -> None:
+        """The demo page's flow: the operator's token, a user, the button."""
+        self.page.fill("#api-token", API_TOKEN)
+        self.page.fill("#user-id", user)
+        self.page.click("#subscribe")
+        self.page.wait_for_function(SUBSCRIBE_DONE)
+
+    def registration_id(self) -> str:
+        for _ in range(200):  # events arrive while Playwright waits
+            live = [r for r in self.registrations if not r.get("isDeleted")]
+            if live:
+                return str(live[-1]["registrationId"])
+            self.page.wait_for_timeout(25)
+        raise AssertionError("no service worker registration reported by the DevTools protocol")
+
+    def deliver(self, payload: bytes | str) -> None:
+        data = payload.decode() if isinstance(payload, bytes) else payload
+        self.cdp.send("ServiceWorker.deliverPushMessage",
+                      {"origin": self.server.origin, "registrationId": self.registration_id(), "data": data})
+
+    def notifications(self, count: int | None = None, showing: str | None = None) -> list[dict[str, Any]]:
+        """The notifications shown, once there are ``count`` of them (and one is of message ``showing``)."""
+        if count is not None:
+            self.page.wait_for_function(
+                """async ([count, id]) => {
+                    const shown = await (await navigator.serviceWorker.ready).getNotifications();
+                    return shown.length === count && (id === null || shown.some((n) => n.data && n.data.id === id));
+                }""", arg=[count, showing])
+        return self.page.evaluate(NOTIFICATIONS)  # type: ignore[no-any-return]
+
+    def worker(self) -> Any:
+        for _ in range(200):
+            if self.context.service_workers:
+                return self.context.service_workers[0]
+            self.page.wait_for_timeout(25)
+        raise AssertionError("the service worker never started")
+
+    def log(self) -> str:
+        return self.page.text_content("#log") or ""
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def open_browser(chromium: Any, gov_server: Server) -> Iterator[Callable[..., Browser]]:
+    opened: list[Browser] = []
+
+    def open_(subscription: dict[str, Any] | None) -> Browser:
+        browser = Browser(chromium, gov_server, subscription)
+        opened.append(browser)
+        return browser
+
+    yield open_
+    for b in opened:
+        b.close()
+
+
+def wait_rows(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any], count: int, page: Any) -> list[Any]:
+    """The rows once there are ``count`` of them (a beacon is asynchronous); polls, bounded."""
+    rows: list[Any] = []
+    for _ in range(400):
+        rows = conn.execute(sql, params).fetchall()
+        if len(rows) >= count:
+            return rows
+        page.wait_for_timeout(25)
+    return rows
+
+
+EVENTS = "SELECT user_id, message_id, event, subscription_id FROM gov.push_events WHERE event <> 'accepted' ORDER BY id"
+
+
+def test_subscribe_send_display_replace(
+    open_browser: Callable[..., Browser], gov_server: Server, push_service: PushService,
+    conn: psycopg.Connection[Any],
+) -> None:
+    """The whole path: the demo page subscribes, gov decides and delivers, the worker shows and beacons."""
+    sub = push_service.subscribe("chromium")
+    browser = open_browser(sub.info)
+    browser.subscribe()
+    assert "subscribed: subscription" in browser.log()
+    (row,) = conn.execute("SELECT id, user_id, endpoint FROM gov.subscriptions WHERE retired_at IS NULL").fetchall()
+    sub_id, owner, endpoint = row
+    assert (owner, endpoint) == (USER, sub.endpoint)  # the user of the token, never one the page named itself
+
+    # gov decides and its runner encrypts and posts to the push service; the push service
+    # decrypts it as the browser would, and hands it on: the payload is gov's, byte for byte
+    for n, title in enumerate(["Order shipped", "Order out for delivery"], 1):
+        verdict = api(gov_server, "/internal/send", {
+            "userId": USER, "tier": "P0", "id": f"m{n}", "title": title, "body": f"step {n}",
+            "url": "/orders/7", "collapseKey": "order-7",
+        })
+        assert verdict == {"sent": True}
+        received = [r for r in push_service.requests_for(sub) if r.status == 201]
+        assert len(received) == n and received[-1].payload is not None
+        browser.deliver(received[-1].payload)
+        if n == 1:
+            (shown,) = browser.notifications(1, showing="m1")
+            assert shown == {"title": "Order shipped", "body": "step 1", "tag": "order-7",
+                             "data": {"url": "/orders/7", "tier": "P0", "id": "m1"}}
+
+    # the same collapse key: the second replaced the first
+    (shown,) = browser.notifications(1, showing="m2")
+    assert (shown["title"], shown["tag"], shown["data"]["id"]) == ("Order out for delivery", "order-7", "m2")
+
+    rows = wait_rows(conn, EVENTS, {}, 2, browser.page)
+    assert [tuple(r) for r in rows] == [(USER, "m1", "display", sub_id), (USER, "m2", "display", sub_id)]
+
+
+def test_tags_keep_apart_what_differs(
+    open_browser: Callable[..., Browser], push_service: PushService, conn: psycopg.Connection[Any],
+    gov_server: Server,
+) -> None:
+    """Two messages with different tags are two notifications; a payload built by gov's build_payload."""
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()
+    for n in (1, 2):
+        api(gov_server, "/internal/send", {"userId": USER, "tier": "P0", "id": f"k{n}", "title": f"T{n}"})
+        browser.deliver(build_payload(f"T{n}", "", f"k{n}", None, "P0", f"k{n}"))
+    shown = browser.notifications(2)
+    assert sorted((n["title"], n["tag"]) for n in shown) == [("T1", "k1"), ("T2", "k2")]
+
+
+@pytest.mark.parametrize("payload", ["", "not json", '{"body": "no title"}', '["a list"]', '{"title": 7}'])
+def test_malformed_payload_still_shows_and_reports(
+    open_browser: Callable[..., Browser], push_service: PushService, gov_server: Server, payload: str,
+) -> None:
+    """A push the worker cannot read shows a generic notification (never a silent push) and is reported."""
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()
+    browser.deliver(payload)
+    (shown,) = browser.notifications(1)
+    assert shown["title"] == "New notification" and shown["tag"] == "gov-malformed"
+    line = 'gov_worker_errors_total{kind="payload"} 1.0'
+    for _ in range(400):
+        request = urllib.request.Request(gov_server.url("/metrics"), headers={"Authorization": f"Bearer {API_TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            metrics = answer.read().decode()
+        if line in metrics:
+            break
+        browser.page.wait_for_timeout(25)
+    assert line in metrics
+
+
+def test_click_and_close_beacons(
+    open_browser: Callable[..., Browser], push_service: PushService, gov_server: Server,
+    conn: psycopg.Connection[Any],
+) -> None:
+    """notificationclick and notificationclose become click and close events for the message.
+
+    Headless Chromium has no notification to click or dismiss: the worker's own handlers run on
+    the notification it shows, as the events would run them.
+    """
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()
+    for n in (1, 2):
+        api(gov_server, "/internal/send", {"userId": USER, "tier": "P0", "id": f"c{n}", "title": f"C{n}"})
+        browser.deliver(build_payload(f"C{n}", "", f"c{n}", "/demo", "P0", f"c{n}"))
+    browser.notifications(2)
+    result = browser.worker().evaluate("""async () => {
+        let shown = [];
+        for (let i = 0; i < 200 && shown.length < 2; i++) {  // as the worker sees them
+            shown = await self.registration.getNotifications();
+            if (shown.length < 2) await new Promise((r) => setTimeout(r, 25));
+        }
+        const a = shown.find((n) => n.tag === 'c1'), b = shown.find((n) => n.tag === 'c2');
+        await self.gov.onClick({ notification: a });
+        await self.gov.onClose({ notification: b });
+        return (await self.registration.getNotifications()).map((n) => n.tag);
+    }""")
+    assert result == ["c2"]  # the clicked one was closed
+    rows = wait_rows(conn, EVENTS, {}, 4, browser.page)
+    assert sorted((r[1], r[2]) for r in rows) == [("c1", "click"), ("c1", "display"), ("c2", "close"),
+                                                   ("c2", "display")]
+
+
+def test_pushsubscriptionchange_sends_the_new_subscription(
+    open_browser: Callable[..., Browser], push_service: PushService, conn: psycopg.Connection[Any],
+) -> None:
+    """The worker subscribes again and gov stores the new subscription for the same user, retiring the old."""
+    old, new = push_service.subscribe("old"), push_service.subscribe("new")
+    browser = open_browser(old.info)
+    browser.subscribe()
+    worker = browser.worker()
+    calls = worker.evaluate("""async (fresh) => {
+        const calls = [];
+        self.registration.pushManager.subscribe = async (options) => {  // no push service here
+            calls.push({ userVisibleOnly: options.userVisibleOnly, key: typeof options.applicationServerKey });
+            return { endpoint: fresh.endpoint, toJSON: () => fresh };
+        };
+        await self.gov.onSubscriptionChange({ oldSubscription: null, newSubscription: null });
+        return calls;
+    }""", new.info)
+    assert calls == [{"userVisibleOnly": True, "key": "string"}]
+    rows = conn.execute(
+        "SELECT user_id, endpoint, retired_reason FROM gov.subscriptions ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [
+        (USER, old.endpoint, "replaced by the browser (pushsubscriptionchange)"), (USER, new.endpoint, None)]
+    # and the worker beacons with the new subscription from now on
+    me = worker.evaluate("async () => self.gov.kv('me')")
+    assert me["endpoint"] == new.endpoint and me["subscriptionId"] == conn.execute(
+        "SELECT id FROM gov.subscriptions WHERE endpoint = %s", (new.endpoint,)).fetchone()[0]
+
+
+def test_demo_page_reaches_the_real_push_manager(
+    open_browser: Callable[..., Browser], gov_server: Server, signer: Any, conn: psycopg.Connection[Any],
+) -> None:
+    """Without a stand-in, the demo asks permission and calls the real pushManager.subscribe with
+    gov's VAPID key; Chromium has no push service to reach here, so it refuses, the page says so,
+    and nothing is stored."""
+    browser = open_browser(None)
+    browser.subscribe()
+    calls = browser.page.evaluate("window.__subscribeCalls")
+    assert calls == [{"userVisibleOnly": True, "applicationServerKey": list(b64url_decode(signer.public_key)),
+                      "permission": "granted"}]
+    assert "subscribe failed" in browser.log()
+    assert conn.execute("SELECT count(*) FROM gov.subscriptions").fetchone() == (0,)
