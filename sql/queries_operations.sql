@@ -85,9 +85,13 @@ SELECT p.user_id, p.budget, %(window_ms)s::bigint AS window_ms, p.n, a.cap
  WHERE p.n > a.cap
  ORDER BY p.user_id, p.budget;
 
+-- name: budget_map
+SELECT gov.budget_map_v1();
+
 -- name: integrity_spend_mismatches
 -- Messages whose spend is not exactly one row in each budget the decision writes (those of
--- the tier's cascade, the topic and global that a cap reads: gov.spent_budgets), or whose
+-- the tier's cascade, the topic and global that a cap reads: gov.budgets_of over
+-- %(budget_map)s, gov.budget_map_v1() read first), or whose
 -- spend has no decision at all: a partial decision, a double spend, or a spend that no
 -- verdict accounts for. Read against the policy in force: a message decided before a
 -- policy capped or uncapped one of its budgets is reported too.
@@ -97,7 +101,7 @@ WITH spent AS (
 ), expected AS (
     SELECT m.user_id, m.message_id, m.tier,
            CASE WHEN NOT m.allowed OR t.exempt THEN 0
-                ELSE cardinality(gov.spent_budgets(m.tier, m.topic))
+                ELSE cardinality(gov.budgets_of(%(budget_map)s, m.tier, m.topic))
            END AS n
       FROM gov.messages m JOIN gov.tiers t ON t.tier = m.tier
 )

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from gov.db import Source
 from gov.ops.maintenance import conservation
@@ -45,7 +46,10 @@ def over_cap(conn: psycopg.Connection[Any]) -> list[OverCap]:
 
 def spend_mismatches(conn: psycopg.Connection[Any], limit: int = 20) -> list[tuple[Any, ...]]:
     """Messages that spent other than one row per consumed budget: (user, message, tier, expected, spent)."""
-    return [tuple(r) for r in conn.execute(q("integrity_spend_mismatches"), {"limit": limit}).fetchall()]
+    row = conn.execute(q("budget_map")).fetchone()
+    assert row is not None
+    params = {"limit": limit, "budget_map": Jsonb(row[0])}  # read once: no table lookup per message
+    return [tuple(r) for r in conn.execute(q("integrity_spend_mismatches"), params).fetchall()]
 
 
 @dataclass

@@ -96,18 +96,40 @@ LANGUAGE sql AS $$
     SELECT count(*) FROM compiled;
 $$;
 
+-- The budgets the compiled policy has allowed messages spend, as one value: per tier and
+-- topic key (tier, US, topic: '' without a topic, the topic when it has caps of its own,
+-- else '*') the budgets some cap reads, 'topic:' standing for the message's own topic;
+-- and the topics with caps of their own. Read once, then looked up per message by
+-- gov.budgets_of, which reads no table: a query over many users (on a Citus cluster, on
+-- the shards) then never calls back into the policy tables.
+CREATE FUNCTION gov.budget_map_v1() RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+               'rules', coalesce((SELECT jsonb_object_agg(k.key, k.budgets)
+                                    FROM (SELECT r.tier || E'\x1f' || r.topic AS key,
+                                                 jsonb_agg(DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:'
+                                                                         ELSE r.budget END) AS budgets
+                                            FROM gov.compiled_rules r
+                                           GROUP BY r.tier, r.topic) k), '{}'),
+               'topics', coalesce((SELECT jsonb_agg(DISTINCT c.topic) FROM gov.caps c WHERE c.scope = 'topic'), '[]'))
+$$;
+
+-- The budgets an allowed message of p_tier with p_topic spends, from gov.budget_map_v1().
+CREATE FUNCTION gov.budgets_of(p_map jsonb, p_tier text, p_topic text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(CASE WHEN b = 'topic:' THEN 'topic:' || p_topic ELSE b END ORDER BY b), '{}')
+      FROM jsonb_array_elements_text(
+               p_map -> 'rules' -> (p_tier || E'\x1f' || CASE WHEN p_topic IS NULL THEN ''
+                                                             WHEN p_map -> 'topics' ? p_topic THEN p_topic
+                                                             ELSE '*' END)) b
+$$;
+
 -- The budgets an allowed message of p_tier with p_topic spends under the compiled
 -- policy: those some cap reads, for a user of any segment. A budget no cap reads is not
 -- written; a policy that caps it later fills it from gov.messages (gov.backfill_sends_v1).
 CREATE FUNCTION gov.spent_budgets(p_tier text, p_topic text) RETURNS text[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END),
-                    '{}')
-      FROM gov.compiled_rules r
-     WHERE r.tier = p_tier
-       AND r.topic = CASE WHEN p_topic IS NULL THEN ''
-                          WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
-                          THEN p_topic ELSE '*' END
+    SELECT gov.budgets_of(gov.budget_map_v1(), p_tier, p_topic)
 $$;
 
 -- The budgets the compiled policy writes, as keys: a tier's name, 'global', 'topic:*' (every
@@ -126,23 +148,28 @@ $$;
 -- the new cap then counts the sends gov remembers instead of starting from nothing.
 -- Budgets written before are left as they are. Returns the rows written.
 CREATE FUNCTION gov.backfill_sends_v1(p_before text[], p_now timestamptz DEFAULT NULL) RETURNS bigint
-LANGUAGE sql AS $$
-    WITH horizon AS (
-        SELECT coalesce(p_now, clock_timestamp()) AS t,
-               (SELECT max(w) FROM gov.compiled_rules r, unnest(r.windows) w) AS longest_ms
-    ), filled AS (
-        INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT m.user_id, b.budget, m.decided_at, m.message_id
-          FROM horizon h
-          JOIN gov.messages m
-            ON m.allowed AND m.decided_at > h.t - h.longest_ms * interval '1 millisecond' AND m.decided_at <= h.t
-         CROSS JOIN LATERAL unnest(gov.spent_budgets(m.tier, m.topic)) AS b(budget)
-         WHERE NOT b.budget = ANY (p_before)
-           AND NOT (b.budget LIKE 'topic:%' AND 'topic:*' = ANY (p_before))
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    )
-    SELECT count(*) FROM filled;
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_map     jsonb := gov.budget_map_v1();
+    v_longest bigint;
+    v_count   bigint;
+BEGIN
+    SELECT max(w) INTO v_longest FROM gov.compiled_rules r, unnest(r.windows) w;
+    IF v_longest IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
+    SELECT m.user_id, b.budget, m.decided_at, m.message_id
+      FROM gov.messages m
+     CROSS JOIN LATERAL unnest(gov.budgets_of(v_map, m.tier, m.topic)) AS b(budget)
+     WHERE m.allowed AND m.decided_at > v_now - v_longest * interval '1 millisecond' AND m.decided_at <= v_now
+       AND NOT b.budget = ANY (p_before)
+       AND NOT (b.budget LIKE 'topic:%' AND 'topic:*' = ANY (p_before))
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
 $$;
 
 -- ---------------------------------------------------------------- policy changes

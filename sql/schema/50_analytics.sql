@@ -691,7 +691,7 @@ BEGIN
                 UNION
                 SELECT m.user_id, b.budget, m.decided_at, m.message_id
                   FROM gov.messages m
-                 CROSS JOIN LATERAL unnest(gov.spent_budgets(m.tier, m.topic)) AS b(budget)
+                 CROSS JOIN LATERAL unnest(gov.budgets_of(gov.budget_map_v1(), m.tier, m.topic)) AS b(budget)
                  WHERE m.user_id IN (SELECT DISTINCT u.uid FROM unnest(v_users) AS u(uid))
                    AND m.allowed
                    AND NOT EXISTS (SELECT 1 FROM gov.sends s

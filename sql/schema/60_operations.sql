@@ -80,6 +80,8 @@ CREATE FUNCTION gov.message_states_v1(p_since timestamptz, p_until timestamptz)
 RETURNS TABLE (user_id text, message_id text, tier text, state text)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
+DECLARE
+    v_map jsonb := gov.budget_map_v1();  -- looked up per message without a table
 BEGIN
     RETURN QUERY
         WITH m AS (
@@ -105,7 +107,7 @@ BEGIN
                  WHEN m.exempt AND (m.spent > 0 OR m.suppressions > 0 OR NOT m.allowed)
                    THEN 'INCONSISTENT: P0 counted or suppressed'
                  WHEN m.allowed AND NOT coalesce(m.exempt, false) AND m.spent = 0
-                      AND cardinality(gov.spent_budgets(m.tier, m.topic)) > 0
+                      AND cardinality(gov.budgets_of(v_map, m.tier, m.topic)) > 0
                       AND m.decided_at >= coalesce((SELECT s.pruned_before FROM gov.settings s), '-infinity')
                    THEN 'INCONSISTENT: allowed without spending its budget'
                  WHEN NOT m.allowed AND m.spent > 0
