@@ -1639,3 +1639,32 @@ $$;
 
 DROP FUNCTION gov.budgets_of(jsonb, text, text);
 DROP FUNCTION gov.budget_map_v1();
+
+-- The highest default a user's own cap for (scope, window) can lower: the policy's cap
+-- for that window (a tier's own, or the "*" topic cap), or, for a tier, the highest of
+-- its segments' caps over that window; NULL when the policy has no such window. A user
+-- cap is always applied as the least of it and the default in force, so it never raises
+-- anything; this is what it is checked against when it is written.
+CREATE OR REPLACE FUNCTION gov.user_cap_ceiling(p_scope text, p_window_ms bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT max(d.cap)
+      FROM (SELECT c.cap FROM gov.caps c
+             WHERE c.scope = p_scope AND c.window_ms = p_window_ms
+               AND c.topic = CASE WHEN p_scope = 'topic' THEN '*' ELSE '' END
+            UNION ALL
+            SELECT sc.cap FROM gov.segment_caps sc
+             WHERE sc.tier = p_scope AND sc.window_ms = p_window_ms) d
+$$;
+
+-- A bounded jitter, so held messages do not fire together; derived from the message
+-- (not random()) so a simulation with a seed replays exactly.
+CREATE OR REPLACE FUNCTION gov.release_jitter(p_user_id text, p_message_id text) RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT (abs(hashtextextended(p_user_id || E'\x1f' || p_message_id, 7)) % greatest(s.jitter_ms, 1))
+           * interval '1 millisecond'
+      FROM gov.settings s
+     WHERE s.jitter_ms > 0
+    UNION ALL
+    SELECT interval '0'
+     LIMIT 1
+$$;

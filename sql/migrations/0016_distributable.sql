@@ -987,6 +987,53 @@ BEGIN
 END;
 $$;
 
+-- ---------------------------------------------------------------- policy reads a shard's statement may make
+
+-- The highest default a user's own cap for (scope, window) can lower: the policy's cap
+-- for that window (a tier's own, or the "*" topic cap), or, for a tier, the highest of
+-- its segments' caps over that window; NULL when the policy has no such window. A user
+-- cap is always applied as the least of it and the default in force, so it never raises
+-- anything; this is what it is checked against when it is written.
+CREATE OR REPLACE FUNCTION gov.user_cap_ceiling(p_scope text, p_window_ms bigint) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_cap integer;
+BEGIN
+    -- The policy tables by their local relation (gov.shard_relation; themselves on one
+    -- server): on a Citus cluster this runs inside a shard's statement (the user-cap
+    -- trigger, the decision's rule query), where reading the reference tables by name
+    -- would be a distributed query started from a shard, which Citus refuses.
+    EXECUTE format($q$
+        SELECT max(d.cap)
+          FROM (SELECT c.cap FROM %s c
+                 WHERE c.scope = $1 AND c.window_ms = $2
+                   AND c.topic = CASE WHEN $1 = 'topic' THEN '*' ELSE '' END
+                UNION ALL
+                SELECT sc.cap FROM %s sc
+                 WHERE sc.tier = $1 AND sc.window_ms = $2) d
+        $q$, gov.shard_relation('gov.caps', NULL), gov.shard_relation('gov.segment_caps', NULL))
+      INTO v_cap USING p_scope, p_window_ms;
+    RETURN v_cap;
+END;
+$$;
+
+-- A bounded jitter, so held messages do not fire together; derived from the message
+-- (not random()) so a simulation with a seed replays exactly.
+CREATE OR REPLACE FUNCTION gov.release_jitter(p_user_id text, p_message_id text) RETURNS interval
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_jitter_ms bigint;
+BEGIN
+    -- gov.settings by its local relation, as in gov.user_cap_ceiling (a Citus worker may
+    -- call this inside a shard's statement)
+    EXECUTE format('SELECT s.jitter_ms FROM %s s', gov.shard_relation('gov.settings', NULL)) INTO v_jitter_ms;
+    IF coalesce(v_jitter_ms, 0) <= 0 THEN
+        RETURN interval '0';
+    END IF;
+    RETURN (abs(hashtextextended(p_user_id || E'\x1f' || p_message_id, 7)) % v_jitter_ms) * interval '1 millisecond';
+END;
+$$;
+
 -- ---------------------------------------------------------------- holding and releasing by (user_id, id)
 
 -- Put a suppressed message in the queue (or refuse to, with the reason), from the
@@ -1191,10 +1238,9 @@ BEGIN
                 o_outcome := 'ttl_expired';
             ELSE
                 -- never due again in the same instant: every round moves a row forward
-                UPDATE gov.deferred d
-                   SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
-                                                                         p_row.message_id || '#' || v_next::text),
-                                             p_now + interval '1 millisecond')
+                v_next := greatest(v_next + gov.release_jitter(p_row.user_id, p_row.message_id || '#' || v_next::text),
+                                   p_now + interval '1 millisecond');
+                UPDATE gov.deferred d SET release_at = v_next
                  WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
                 o_state := 'waiting';
                 o_outcome := v_verdict.reason;
@@ -1959,7 +2005,10 @@ BEGIN
     SET LOCAL citus.enable_unsafe_triggers = on;
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
                                   'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
+        -- (a table with a foreign key to one made a reference table first is already a
+        -- Citus table, a "local" one on the coordinator alone: it becomes a reference table too)
+        IF NOT EXISTS (SELECT 1 FROM citus_tables t
+                        WHERE t.table_name = v_name::regclass AND t.citus_table_type = 'reference') THEN
             PERFORM create_reference_table(v_name);
             v_moved := v_moved || v_name;
             RETURN NEXT v_name || ': reference table';

@@ -10,14 +10,26 @@
 -- cap is always applied as the least of it and the default in force, so it never raises
 -- anything; this is what it is checked against when it is written.
 CREATE FUNCTION gov.user_cap_ceiling(p_scope text, p_window_ms bigint) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT max(d.cap)
-      FROM (SELECT c.cap FROM gov.caps c
-             WHERE c.scope = p_scope AND c.window_ms = p_window_ms
-               AND c.topic = CASE WHEN p_scope = 'topic' THEN '*' ELSE '' END
-            UNION ALL
-            SELECT sc.cap FROM gov.segment_caps sc
-             WHERE sc.tier = p_scope AND sc.window_ms = p_window_ms) d
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_cap integer;
+BEGIN
+    -- The policy tables by their local relation (gov.shard_relation; themselves on one
+    -- server): on a Citus cluster this runs inside a shard's statement (the user-cap
+    -- trigger, the decision's rule query), where reading the reference tables by name
+    -- would be a distributed query started from a shard, which Citus refuses.
+    EXECUTE format($q$
+        SELECT max(d.cap)
+          FROM (SELECT c.cap FROM %s c
+                 WHERE c.scope = $1 AND c.window_ms = $2
+                   AND c.topic = CASE WHEN $1 = 'topic' THEN '*' ELSE '' END
+                UNION ALL
+                SELECT sc.cap FROM %s sc
+                 WHERE sc.tier = $1 AND sc.window_ms = $2) d
+        $q$, gov.shard_relation('gov.caps', NULL), gov.shard_relation('gov.segment_caps', NULL))
+      INTO v_cap USING p_scope, p_window_ms;
+    RETURN v_cap;
+END;
 $$;
 
 -- Refuse a user cap that would raise a default (invariant 6), naming the offender.

@@ -7,14 +7,18 @@
 -- A bounded jitter, so held messages do not fire together; derived from the message
 -- (not random()) so a simulation with a seed replays exactly.
 CREATE FUNCTION gov.release_jitter(p_user_id text, p_message_id text) RETURNS interval
-LANGUAGE sql STABLE AS $$
-    SELECT (abs(hashtextextended(p_user_id || E'\x1f' || p_message_id, 7)) % greatest(s.jitter_ms, 1))
-           * interval '1 millisecond'
-      FROM gov.settings s
-     WHERE s.jitter_ms > 0
-    UNION ALL
-    SELECT interval '0'
-     LIMIT 1
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_jitter_ms bigint;
+BEGIN
+    -- gov.settings by its local relation, as in gov.user_cap_ceiling (a Citus worker may
+    -- call this inside a shard's statement)
+    EXECUTE format('SELECT s.jitter_ms FROM %s s', gov.shard_relation('gov.settings', NULL)) INTO v_jitter_ms;
+    IF coalesce(v_jitter_ms, 0) <= 0 THEN
+        RETURN interval '0';
+    END IF;
+    RETURN (abs(hashtextextended(p_user_id || E'\x1f' || p_message_id, 7)) % v_jitter_ms) * interval '1 millisecond';
+END;
 $$;
 
 -- Put a suppressed message in the queue (or refuse to, with the reason), from the
@@ -282,10 +286,9 @@ BEGIN
                 o_outcome := 'ttl_expired';
             ELSE
                 -- never due again in the same instant: every round moves a row forward
-                UPDATE gov.deferred d
-                   SET release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
-                                                                         p_row.message_id || '#' || v_next::text),
-                                             p_now + interval '1 millisecond')
+                v_next := greatest(v_next + gov.release_jitter(p_row.user_id, p_row.message_id || '#' || v_next::text),
+                                   p_now + interval '1 millisecond');
+                UPDATE gov.deferred d SET release_at = v_next
                  WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
                 o_state := 'waiting';
                 o_outcome := v_verdict.reason;

@@ -153,7 +153,10 @@ BEGIN
     SET LOCAL citus.enable_unsafe_triggers = on;
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
                                   'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions'] LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
+        -- (a table with a foreign key to one made a reference table first is already a
+        -- Citus table, a "local" one on the coordinator alone: it becomes a reference table too)
+        IF NOT EXISTS (SELECT 1 FROM citus_tables t
+                        WHERE t.table_name = v_name::regclass AND t.citus_table_type = 'reference') THEN
             PERFORM create_reference_table(v_name);
             v_moved := v_moved || v_name;
             RETURN NEXT v_name || ': reference table';
