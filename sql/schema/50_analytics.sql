@@ -126,57 +126,90 @@ CREATE FUNCTION gov.fatigue_report_v1(
 )
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_end      timestamptz := coalesce(p_now, clock_timestamp());
+    v_start    timestamptz := coalesce(p_now, clock_timestamp()) - p_since;
+    v_accepted jsonb;
+    v_reacted  jsonb;
+    v_left     jsonb;
+    v_segment  jsonb;
+    v_buckets  jsonb;
 BEGIN
-    RETURN QUERY
-        WITH bounds AS (
-            SELECT b.t_end - p_since AS t_start, b.t_end
-              FROM (SELECT coalesce(p_now, clock_timestamp()) AS t_end) b
+    -- gov's tables are read first, one plain statement each (on a Citus cluster each runs
+    -- on the shards; joined in one statement as CTEs, a cluster lost rows), then the
+    -- buckets are counted from those rows, then the steps between the buckets.
+    -- every acceptance a volume can count: a leaver's volume reaches p_since before their
+    -- leaving, which is inside the window
+    SELECT jsonb_agg(jsonb_build_array(e.user_id, e.message_id, e.created_at)) INTO v_accepted
+      FROM gov.push_events e
+     WHERE e.event = 'accepted' AND e.created_at > v_start - p_since AND e.created_at <= v_end;
+    SELECT jsonb_agg(jsonb_build_array(r.user_id, r.message_id, r.displayed, r.clicked, r.closed)) INTO v_reacted
+      FROM (SELECT e.user_id, e.message_id, bool_or(e.event = 'display') AS displayed,
+                   bool_or(e.event = 'click') AS clicked, bool_or(e.event = 'close') AS closed
+              FROM gov.push_events e
+             WHERE e.event IN ('display', 'click', 'close') AND e.created_at <= v_end
+             GROUP BY e.user_id, e.message_id) r;
+    SELECT jsonb_agg(jsonb_build_array(e.user_id, e.created_at)) INTO v_left
+      FROM gov.push_events e
+     WHERE e.event = 'unsubscribe' AND e.created_at > v_start AND e.created_at <= v_end;
+    IF p_segment IS NOT NULL THEN
+        SELECT jsonb_agg(jsonb_build_array(m.user_id, m.message_id)) INTO v_segment
+          FROM gov.messages m
+         WHERE starts_with(m.campaign_id, p_segment);
+    END IF;
+
+        WITH accepted AS (
+            SELECT x ->> 0 AS user_id, x ->> 1 AS message_id, (x ->> 2)::timestamptz AS created_at
+              FROM jsonb_array_elements(coalesce(v_accepted, '[]')) x
+        ),
+        reacted AS (
+            SELECT x ->> 0 AS user_id, x ->> 1 AS message_id, (x ->> 2)::boolean AS displayed,
+                   (x ->> 3)::boolean AS clicked, (x ->> 4)::boolean AS closed
+              FROM jsonb_array_elements(coalesce(v_reacted, '[]')) x
+        ),
+        left_events AS (
+            SELECT x ->> 0 AS user_id, (x ->> 1)::timestamptz AS created_at
+              FROM jsonb_array_elements(coalesce(v_left, '[]')) x
+        ),
+        in_segment AS (
+            SELECT x ->> 0 AS user_id, x ->> 1 AS message_id
+              FROM jsonb_array_elements(coalesce(v_segment, '[]')) x
         ),
         delivered AS (
-            SELECT e.user_id, e.message_id
-              FROM gov.push_events e CROSS JOIN bounds w
-             WHERE e.event = 'accepted' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-             GROUP BY e.user_id, e.message_id
+            SELECT a.user_id, a.message_id
+              FROM accepted a
+             WHERE a.created_at > v_start
+             GROUP BY a.user_id, a.message_id
         ),
         left_at AS (
             -- when a user unsubscribed in the window: their volume is what they had received
             -- in the p_since before that moment, not what the window holds (an early leaver's
             -- few sends before leaving would put them in a low bucket and fake a crossover)
-            SELECT e.user_id, min(e.created_at) AS at
-              FROM gov.push_events e CROSS JOIN bounds w
-             WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
-             GROUP BY e.user_id
+            SELECT l.user_id, min(l.created_at) AS at FROM left_events l GROUP BY l.user_id
         ),
         volume AS (
             SELECT d.user_id, least(count(DISTINCT e.message_id), 8)::integer AS bucket
               FROM (SELECT DISTINCT d0.user_id FROM delivered d0) d
               LEFT JOIN left_at l ON l.user_id = d.user_id
-              JOIN gov.push_events e
-                ON e.user_id = d.user_id AND e.event = 'accepted'
-               AND e.created_at > coalesce(l.at, (SELECT w.t_end FROM bounds w)) - p_since
-               AND e.created_at <= coalesce(l.at, (SELECT w.t_end FROM bounds w))
+              JOIN accepted e
+                ON e.user_id = d.user_id
+               AND e.created_at > coalesce(l.at, v_end) - p_since
+               AND e.created_at <= coalesce(l.at, v_end)
              GROUP BY d.user_id
         ),
         reactions AS (
             SELECT d.user_id, d.message_id,
-                   coalesce(bool_or(e.event = 'display'), false) AS displayed,
-                   coalesce(bool_or(e.event = 'click'), false) AS clicked,
-                   coalesce(bool_or(e.event = 'close'), false) AS closed
+                   coalesce(bool_or(e.displayed), false) AS displayed,
+                   coalesce(bool_or(e.clicked), false) AS clicked,
+                   coalesce(bool_or(e.closed), false) AS closed
               FROM delivered d
-             CROSS JOIN bounds w
-              LEFT JOIN gov.push_events e
-                     ON e.user_id = d.user_id AND e.message_id = d.message_id
-                    AND e.event IN ('display', 'click', 'close') AND e.created_at <= w.t_end
+              LEFT JOIN reacted e ON e.user_id = d.user_id AND e.message_id = d.message_id
              WHERE p_segment IS NULL
-                OR EXISTS (SELECT 1 FROM gov.messages m
-                            WHERE m.user_id = d.user_id AND m.message_id = d.message_id
-                              AND starts_with(m.campaign_id, p_segment))
+                OR EXISTS (SELECT 1 FROM in_segment m WHERE m.user_id = d.user_id AND m.message_id = d.message_id)
              GROUP BY d.user_id, d.message_id
         ),
         unsubscribed AS (
-            SELECT DISTINCT e.user_id
-              FROM gov.push_events e CROSS JOIN bounds w
-             WHERE e.event = 'unsubscribe' AND e.created_at > w.t_start AND e.created_at <= w.t_end
+            SELECT DISTINCT l.user_id FROM left_events l
         ),
         per_user AS (
             SELECT r.user_id, v.bucket,
@@ -197,6 +230,14 @@ BEGIN
                    count(u.user_id) AS unsubscribes
               FROM per_user p LEFT JOIN unsubscribed u ON u.user_id = p.user_id
              GROUP BY p.bucket
+        )
+        SELECT jsonb_agg(to_jsonb(pb)) INTO v_buckets FROM per_bucket pb;
+
+    RETURN QUERY
+        WITH per_bucket AS (
+            SELECT * FROM jsonb_to_recordset(coalesce(v_buckets, '[]'))
+                       AS (bucket integer, subscribers bigint, accepted bigint, displays bigint, clicks bigint,
+                           closes bigint, unsubscribes bigint)
         ),
         steps AS (
             SELECT b.*,
