@@ -48,7 +48,8 @@ def _answers(url: str) -> dict[str, list[Any]]:
     params = {"start": CONFIG.start - timedelta(days=1), "end": CONFIG.end + timedelta(days=1)}
     with psycopg.connect(url, autocommit=True) as conn:
         # in one order whatever the server's: the views' ORDER BY leaves ties
-        return {name: sorted(conn.execute(query, params).fetchall(), key=repr) for name, query in ANALYST_QUERIES.items()}
+        return {name: sorted(conn.execute(query, params).fetchall(), key=repr)
+                for name, query in ANALYST_QUERIES.items()}
 
 
 def test_the_cluster_answers_as_one_server_does(runs: tuple[RunOutcome, RunOutcome], citus_db: str) -> None:
