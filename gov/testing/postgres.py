@@ -76,8 +76,8 @@ def _join_cluster(server: str, dsn: str) -> None:
             w.execute(q("citus_create_extension"))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(q("citus_create_extension"))
-        conn.execute(q("citus_coordinator_host"), {"host": parts.get("host", "127.0.0.1"),
-                                                   "port": int(parts.get("port", 5432))})
+        conn.execute(q("citus_coordinator_host"), {"host": str(parts.get("host") or "127.0.0.1"),
+                                                   "port": int(str(parts.get("port") or 5432))})
         for host, port in workers:
             conn.execute(q("citus_add_node"), {"host": host, "port": port})
 
