@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 PG_MAJOR = os.environ.get("GOV_CITUS_PG_MAJOR", "15")
 BIN = Path(f"/usr/lib/postgresql/{PG_MAJOR}/bin")
@@ -98,7 +99,7 @@ def citus_cluster(dbname: str = "postgres") -> Iterator[str]:
         for _, port in nodes:
             with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
                 if dbname != "postgres":
-                    conn.execute(f'CREATE DATABASE "{dbname}"')
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
             with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/{dbname}", autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
         coordinator = f"postgresql://postgres@127.0.0.1:{nodes[0][1]}/{dbname}"

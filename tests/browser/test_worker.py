@@ -78,11 +78,19 @@ class Browser:
     def notifications(self, count: int | None = None, showing: str | None = None) -> list[dict[str, Any]]:
         """The notifications shown, once there are ``count`` of them (and one is of message ``showing``)."""
         if count is not None:
-            self.page.wait_for_function(
-                """async ([count, id]) => {
-                    const shown = await (await navigator.serviceWorker.ready).getNotifications();
-                    return shown.length === count && (id === null || shown.some((n) => n.data && n.data.id === id));
-                }""", arg=[count, showing])
+            # read again until the list read is the one that met the condition: a busy browser
+            # could answer the second read from a list not yet updated
+            for _ in range(100):
+                self.page.wait_for_function(
+                    """async ([count, id]) => {
+                        const shown = await (await navigator.serviceWorker.ready).getNotifications();
+                        return shown.length === count && (id === null || shown.some((n) => n.data && n.data.id === id));
+                    }""", arg=[count, showing])
+                shown: list[dict[str, Any]] = self.page.evaluate(NOTIFICATIONS)
+                if len(shown) == count and (showing is None or any((n.get("data") or {}).get("id") == showing
+                                                                   for n in shown)):
+                    return shown
+            raise AssertionError(f"the notifications never settled at {count}")
         return self.page.evaluate(NOTIFICATIONS)  # type: ignore[no-any-return]
 
     def worker(self) -> Any:

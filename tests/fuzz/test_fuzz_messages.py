@@ -56,15 +56,22 @@ def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return dict(zip(TABLES, row, strict=True))
 
 
-def consumes(conn: psycopg.Connection[Any], tier: str) -> int | None:
-    """How many tier budgets an allowed message of ``tier`` spends (None: exempt)."""
+def spends(conn: psycopg.Connection[Any], tier: str, topic: str | None) -> int | None:
+    """How many budgets an allowed message of ``tier`` spends (None: exempt): one row per budget
+    some cap of the policy reads (a consumed tier's windows, its segments', a topic cap, a global
+    cap), read from the policy tables as the TOML set them, not from the compiled rules."""
     row = conn.execute(
-        "SELECT t.exempt, (SELECT count(*) FROM gov.tier_consumes c WHERE c.tier = t.tier) FROM gov.tiers t"
-        " WHERE t.tier = %s",
-        (tier,),
+        "SELECT t.exempt,"
+        " (SELECT count(*) FROM gov.tier_consumes c WHERE c.tier = t.tier"
+        "   AND (EXISTS (SELECT 1 FROM gov.caps x WHERE x.scope = c.consumes)"
+        "        OR EXISTS (SELECT 1 FROM gov.segment_caps x WHERE x.tier = c.consumes))),"
+        " %s::text IS NOT NULL AND EXISTS (SELECT 1 FROM gov.caps x WHERE x.scope = 'topic'),"
+        " EXISTS (SELECT 1 FROM gov.caps x WHERE x.scope = 'global')"
+        " FROM gov.tiers t WHERE t.tier = %s",
+        (topic, tier),
     ).fetchone()
     assert row is not None
-    return None if row[0] else int(row[1])
+    return None if row[0] else int(row[1]) + int(row[2]) + int(row[3])
 
 
 tiers = st.one_of(
@@ -132,11 +139,11 @@ def check_message(fuzz_gov: Governor, fuzz_conn: psycopg.Connection[Any], send: 
     if verdict.repeated:  # hypothesis drew a (user, id) it had drawn before
         assert not any(delta.values()), delta
         return
-    spent = consumes(fuzz_conn, message.tier)
+    spent = spends(fuzz_conn, message.tier, message.topic)
     if message.tier == "P0":
         assert verdict.allowed, "P0 is never suppressed"
     if verdict.allowed:
-        expected_spend = 0 if spent is None else spent + 1 + (message.topic is not None)
+        expected_spend = 0 if spent is None else spent
         assert (delta["messages"], delta["sends"], delta["push_suppressions"]) == (1, expected_spend, 0), delta
     else:
         assert (delta["messages"], delta["sends"], delta["push_suppressions"]) == (1, 0, 1), delta
