@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import ipaddress
 import json
 import re
@@ -68,6 +69,7 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=4096)
 def origin_of(url: str) -> str:
     """Return the origin ``scheme://host[:port]`` of ``url`` (RFC 6454 form).
 

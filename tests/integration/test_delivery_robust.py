@@ -284,6 +284,37 @@ def test_a_timeout_not_shorter_than_the_lease_is_refused(
 # ---------------------------------------------------------------- 2. only the lease holder records
 
 
+def test_a_batch_records_each_row_as_it_would_alone(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """A batch's accepted attempts are recorded in one statement: each element still gets,
+    in outbox order, the state gov.record_attempt_v3 would give it alone."""
+    browser = push.subscribe()
+    gov.subscribe("u", browser.info)
+    for message_id in ("m1", "m2", "m3", "m4"):
+        gov.send(Message(user_id="u", id=message_id, tier="P0", title="hi"), deliver=False)
+    with Dispatcher(db_url, signer, workers=1, lease_s=5, timeout_s=1, clock=clock, name="A") as a:
+        rows = a.claim(10)
+        done = {row.message_id: a._deliver_one(row) for row in rows}
+        assert {d["outcome"] for d in done.values()} == {"accepted"}
+        stale = {**done["m2"], "claim_token": done["m2"]["claim_token"] - 1}  # an earlier claim's
+        throttled = {**done["m3"], "outcome": "throttled", "status": 429, "retry_after_ms": 60_000}
+        foreign = {**done["m4"], "user_id": "someone-else"}  # not this user's row
+        states = a._record([foreign, throttled, done["m1"], stale, done["m1"]])
+    # in outbox id order (m1 twice: the repeat finds the row already ended)
+    assert states == ["delivered", "stale", "stale", "pending", "stale"]
+    assert outbox(conn, "m1")["state"] == "delivered"
+    assert outbox(conn, "m2") == {"state": "sending", "attempts": 1, "leased_by": "A", "last_status": None,
+                                  "last_error": None}
+    assert outbox(conn, "m3")["state"] == "pending" and outbox(conn, "m3")["last_status"] == 429
+    assert outbox(conn, "m4")["state"] == "sending"
+    assert [a[1:] for a in attempts(conn, "m1")] == [("accepted", 201, None)]
+    assert [a[1:] for a in attempts(conn, "m3")] == [("throttled", 429, None)]
+    assert attempts(conn, "m2") == attempts(conn, "m4") == []
+    events = conn.execute("SELECT message_id FROM gov.push_events WHERE event = 'accepted'").fetchall()
+    assert events == [("m1",)]
+
+
 def test_a_stale_runner_cannot_record_over_the_lease_holder(
     db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
 ) -> None:
