@@ -37,6 +37,7 @@ class Mutant:
     tests: tuple[str, ...]
 
 
+OLD_SEGMENT_GUARD = "\n             WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')) c;"
 HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
 
 MUTANTS = [
@@ -44,9 +45,8 @@ MUTANTS = [
         "a_user_cap_replaces_default",
         "the decision takes the user's own cap instead of least(default, user)",
         (
-            ("sql/schema/20_decide.sql", "least(x.cap, uc.cap) AS cap", "coalesce(uc.cap, x.cap) AS cap", 1),
-            ("sql/migrations/0013_segment_caps.sql", "least(x.cap, uc.cap) AS cap",
-             "coalesce(uc.cap, x.cap) AS cap", 1),
+            ("sql/schema/20_decide.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
+            ("sql/migrations/0016_distributable.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
         ),
         (
             "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
@@ -59,7 +59,7 @@ MUTANTS = [
         (
             ("sql/schema/30_hold_release.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
              "IF false THEN", 1),
-            ("sql/migrations/0009_hold_release.sql",
+            ("sql/migrations/0016_distributable.sql",
              "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
         ),
         ("tests/integration/test_queue.py::test_defer_max_holds_at_release_when_the_slot_is_taken_again",),
@@ -104,8 +104,8 @@ MUTANTS = [
         "f_segment_windows_ignored",
         "decide_core holds every user to the tier's own windows, whatever their segment",
         (
-            ("sql/schema/20_decide.sql", "v_seg_key := coalesce(v_segment, '');", "v_seg_key := '';", 1),
-            ("sql/migrations/0013_segment_caps.sql", "v_seg_key := coalesce(v_segment, '');", "v_seg_key := '';", 1),
+            ("sql/schema/20_decide.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
+            ("sql/migrations/0016_distributable.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
         ),
         (
             "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
@@ -117,15 +117,29 @@ MUTANTS = [
         "gov.refresh_segments_v1 reclassifies users the app put in a segment of its own",
         (
             ("sql/schema/10_policy.sql",
-             "         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
-            ("sql/migrations/0013_segment_caps.sql",
-             "         WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+             "\n     WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant');", ";", 1),
+            ("sql/migrations/0016_distributable.sql",
+             "\n     WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant');", ";", 1),
             ("sql/schema/10_policy.sql",
-             "         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
-            ("sql/migrations/0013_segment_caps.sql",
-             "         WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')\n", "", 1),
+             OLD_SEGMENT_GUARD, ") c;", 1),
+            ("sql/migrations/0016_distributable.sql",
+             OLD_SEGMENT_GUARD, ") c;", 1),
         ),
         ("tests/integration/test_segments.py::test_refresh_classifies_with_an_explicit_clock",),
+    ),
+    Mutant(
+        "h_batch_record_unfenced",
+        "record_attempts_v3 records a batch's accepted attempts without checking their claim tokens",
+        (
+            ("sql/schema/40_delivery.sql", "WHERE o.state = 'sending' AND o.claim_token = a.claim_token",
+             "WHERE o.state = 'sending'", 1),
+            ("sql/migrations/0017_record_batch_set.sql", "WHERE o.state = 'sending' AND o.claim_token = a.claim_token",
+             "WHERE o.state = 'sending'", 1),
+        ),
+        (
+            "tests/integration/test_delivery_robust.py::test_a_stale_runner_cannot_record_over_the_lease_holder",
+            "tests/integration/test_delivery_robust.py::test_a_batch_records_each_row_as_it_would_alone",
+        ),
     ),
 ]
 
