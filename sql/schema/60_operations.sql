@@ -16,7 +16,12 @@ DECLARE
     v_longest bigint;
     v_count   integer;
 BEGIN
-    SELECT coalesce(max(c.window_ms), 0) INTO v_longest FROM gov.caps c;
+    -- the longest window any cap reads: the tiers', topics' and global ones, a segment's
+    -- own windows (which may be longer than its tier's), and users' own caps
+    SELECT greatest((SELECT coalesce(max(c.window_ms), 0) FROM gov.caps c),
+                    (SELECT coalesce(max(sc.window_ms), 0) FROM gov.segment_caps sc),
+                    (SELECT coalesce(max(uc.window_ms), 0) FROM gov.user_caps uc))
+      INTO v_longest;
     -- by primary key, not ctid: on a Citus cluster the rows are in many shards
     DELETE FROM gov.sends s
      WHERE (s.user_id, s.budget, s.sent_at, s.message_id) IN (

@@ -283,3 +283,24 @@ def test_analysts_see_suppressions_by_segment(governor: Governor, conn: psycopg.
     assert rows == [("P2", None, "cap_86400000ms", 1, 1), ("P2", "dormant", "cap_604800000ms", 4, 2)]
     sizes = dict(conn.execute("SELECT segment, users FROM gov.segment_sizes").fetchall())
     assert sizes == {"dormant": 2}
+
+
+def test_prune_keeps_the_rows_a_segments_longer_window_reads(
+    governor: Governor, conn: psycopg.Connection[Any]
+) -> None:
+    """A segment window longer than every tier's own (here 30 days against 7) still finds
+    its sends after `gov prune`: the horizon is the longest window any cap reads."""
+    from gov.db import Source
+    from gov.ops.maintenance import prune
+
+    apply_policy(conn, policy_mod.default_policy_text() + """
+[tiers.P2.segments.dormant]
+windows = [{ window = "30d", cap = 1 }]
+""")
+    put(conn, "d", "dormant")
+    assert governor.decide(Message(user_id="d", id="old", tier="P2"), at=T0 - timedelta(days=20)).allowed
+    before = governor.decide(Message(user_id="d", id="probe1", tier="P2"), at=T0)
+    assert not before.allowed and before.reason == "cap_2592000000ms"
+    prune(Source(conn), margin=timedelta(hours=1), keep_history=timedelta(days=365), batch=100, now=T0)
+    after = governor.decide(Message(user_id="d", id="probe2", tier="P2"), at=T0)
+    assert (after.allowed, after.reason) == (False, "cap_2592000000ms")
