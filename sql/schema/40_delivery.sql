@@ -8,14 +8,20 @@
 -- The same endpoint again for the same user updates its keys. An endpoint is one
 -- browser's: subscribed now by another user (a shared browser that changed accounts), it
 -- stops being the earlier user's, whose row is retired, not handed over, so nothing
--- queued for them is ever sent to the new user's browser.
+-- queued for them is ever sent to the new user's browser. Two users subscribing one
+-- endpoint at once take turns on a lock of the endpoint (each would otherwise miss the
+-- other's uncommitted row, and both keep it); on Citus this function runs on the
+-- coordinator, so the lock is cluster-wide.
 CREATE FUNCTION gov.subscribe_v2(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id  bigint;
-    v_now timestamptz := clock_timestamp();  -- a variable: Citus refuses volatile calls in an UPDATE
+    v_now timestamptz;
 BEGIN
+    -- seed 1: the users' decision locks hash with seed 0
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_endpoint, 1));
+    v_now := clock_timestamp();  -- a variable: Citus refuses volatile calls in an UPDATE
     UPDATE gov.subscriptions s
        SET retired_at = v_now, retired_reason = 'subscribed by another user'
      WHERE s.endpoint = p_endpoint AND s.user_id <> p_user_id AND s.retired_at IS NULL;

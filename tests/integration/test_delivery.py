@@ -335,3 +335,31 @@ def test_killed_runner_loses_nothing(db_url: str, push: PushService, key_path: P
     # at least once: only rows the victim had claimed (leased, maybe sent, not recorded) may repeat
     assert leased is not None and duplicates <= leased[0], (duplicates, leased)
     assert states(conn) == {"delivered": 400}
+
+
+def test_two_users_subscribing_one_endpoint_at_once_leave_it_to_one(db_url: str) -> None:
+    """Named steps across two sessions: A subscribes an endpoint and has not committed
+    when B subscribes the same one. B's call waits for A's, then retires A's row: one live
+    row for the endpoint, B's, never both (which would send A's queue to B's browser)."""
+    import threading
+
+    endpoint = "https://push.example/shared-browser"
+    with psycopg.connect(db_url) as a, psycopg.connect(db_url, autocommit=True) as b:
+        a.execute("SELECT gov.subscribe_v2('alice', %s, 'k', 'a')", (endpoint,))  # not committed yet
+        done = threading.Event()
+
+        def bob() -> None:
+            b.execute("SELECT gov.subscribe_v2('bob', %s, 'k', 'a')", (endpoint,))
+            done.set()
+
+        thread = threading.Thread(target=bob)
+        thread.start()
+        bob_waited = not done.wait(1.0)  # B is held by A's open transaction
+        a.commit()
+        thread.join(30)
+        assert done.is_set()
+        live = b.execute(
+            "SELECT user_id FROM gov.subscriptions WHERE endpoint = %s AND retired_at IS NULL", (endpoint,)
+        ).fetchall()
+    assert live == [("bob",)]
+    assert bob_waited
