@@ -213,10 +213,13 @@ class Governor:
         def decide_slice(key: str | None, part: list[str]) -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
             for start in range(0, len(part), batch):
-                out += self.source.execute(
-                    q(query), {"shard_key": key, "user_ids": part[start : start + batch], **params},
-                    row_factory=dict_row,
-                )
+                ids = part[start : start + batch]
+                rows = self.source.execute(q(query), {"shard_key": key, "user_ids": ids, **params},
+                                           row_factory=dict_row)
+                # the SQL promises no row order (plain users are decided together): put them
+                # back in the batch's, which is the user order
+                rank = {u: i for i, u in enumerate(ids)}
+                out += sorted(rows, key=lambda r: rank[r["user_id"]])
             return out
 
         if self.source.external_transaction:
