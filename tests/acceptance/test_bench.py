@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from gov.lab.bench import decisions
+from gov.lab.bench.redis_lua import REDIS_CONTENDERS
 from gov.testing.postgres import TemplateDatabases
 
 REDIS = shutil.which("redis-server") is not None and importlib.util.find_spec("redis") is not None
@@ -57,7 +58,7 @@ def test_bench_smoke(pg_server: str, tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     settings: dict[str, Any] = report["settings"]
     assert settings["connections"] == 2 and settings["users"] == 200 and settings["history"] == 0
-    expected = {"select1", "gov", *(("redis_one_call", "redis_per_tier", "redis_per_window") if REDIS else ())}
+    expected = {"select1", "gov", *(REDIS_CONTENDERS if REDIS else ())}
     lines = {(f["contender"], f["workload"]): f for f in report["results"]}
     assert set(lines) == {(c, w) for c in expected for w in ("fresh", "saturated", "mixed")}
 
@@ -153,3 +154,25 @@ def test_delivery_bench_correctness_pass_on_the_verifying_service(tmp_path: Path
     report = json.loads(out.read_text())
     assert report["service"] == "verify" and report["service_per_second"] is None
     assert [f["delivered"] for f in report["figures"]] == [24, 24]
+
+
+@pytest.mark.skipif(not REDIS, reason="redis-server or redis-py missing")
+def test_the_seeds_logged_send_path_writes_one_row_per_refusal() -> None:
+    """redis_per_tier_logged is the seed's send() with its Step 4: every refused message,
+    and only those, leaves one suppression row naming the window that blocked it."""
+    import redis
+
+    from gov.lab.bench.redis_lua import RedisDecider, TierWindows, load_scripts, own_redis_server, redis_server_path
+
+    binary = redis_server_path()
+    assert binary is not None
+    consumes = (TierWindows("P1", ((86_400_000, 6),)), TierWindows("P2", ((86_400_000, 2), (604_800_000, 5))))
+    logged: list[tuple[str, str, str]] = []
+    with own_redis_server(binary) as server, redis.Redis.from_url(server.url(False)) as client:
+        decider = RedisDecider(client, "redis_per_tier_logged", load_scripts(client), consumes,
+                               lambda *row: logged.append(row))  # fmt: skip
+        verdicts = [decider.decide("u1", f"m{i}") for i in range(4)]
+        plain = RedisDecider(client, "redis_per_tier", load_scripts(client), consumes)
+        assert plain.decide("u1", "m9") is False
+    assert verdicts == [True, True, False, False]
+    assert logged == [("u1", "m2", "cap_86400000ms"), ("u1", "m3", "cap_86400000ms")]

@@ -75,6 +75,27 @@ RESET: LiteralString = "TRUNCATE gov.sends, gov.messages, gov.push_suppressions 
 # the row-lock variant writes gov.users; truncated too so every run starts from nothing
 RESET_WITH_USERS: LiteralString = "TRUNCATE gov.sends, gov.messages, gov.push_suppressions, gov.users CASCADE"
 CHECKPOINT: LiteralString = "CHECKPOINT"
+# The seed's Step 4 table, as its guide writes it (user_id text: the bench's ids are not
+# UUIDs), for redis_per_tier_logged; in the scratch database's public schema.
+SEED_SUPPRESSIONS: LiteralString = """
+CREATE TABLE seed_push_suppressions (
+  id           BIGSERIAL PRIMARY KEY,
+  user_id      TEXT        NOT NULL,
+  message_id   TEXT        NOT NULL,
+  tier         VARCHAR(4)  NOT NULL,
+  blocked_by   TEXT        NOT NULL,
+  action       VARCHAR(10) NOT NULL,
+  campaign_id  TEXT,
+  created_at   TIMESTAMPTZ NOT NULL DEFAULT NOW()
+);
+CREATE INDEX seed_suppressions_campaign ON seed_push_suppressions (campaign_id, blocked_by);
+CREATE INDEX seed_suppressions_user_time ON seed_push_suppressions (user_id, created_at DESC)
+"""
+RESET_SEED_SUPPRESSIONS: LiteralString = "TRUNCATE seed_push_suppressions"
+LOG_SEED_SUPPRESSION: LiteralString = (
+    "INSERT INTO seed_push_suppressions (user_id, message_id, tier, blocked_by, action, campaign_id)"
+    " VALUES (%s, %s, %s, %s, %s, NULL)"
+)
 SERVER_FACTS: LiteralString = (
     "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')"
 )
@@ -239,6 +260,7 @@ class RunSpec:
     redis_url: str | None = None
     shas: dict[str, str] = field(default_factory=dict)
     consumes: tuple[TierWindows, ...] = ()
+    on_exceed: str = "drop"  # the decided tier's verb, for the seed's suppression row
 
 
 def _decider(spec: RunSpec) -> tuple[Callable[[str, str], bool | None], Callable[[], None]]:
@@ -247,7 +269,19 @@ def _decider(spec: RunSpec) -> tuple[Callable[[str, str], bool | None], Callable
         import redis
 
         client = redis.Redis.from_url(spec.redis_url or "")
-        return RedisDecider(client, spec.contender, spec.shas, spec.consumes).decide, client.close
+        if spec.contender != "redis_per_tier_logged":
+            return RedisDecider(client, spec.contender, spec.shas, spec.consumes).decide, client.close
+        # The seed's ctx.log.suppression: one autocommitted INSERT on its own connection.
+        log_conn = psycopg.connect(spec.dsn, autocommit=True, prepare_threshold=0)
+
+        def log(user_id: str, message_id: str, blocked_by: str) -> None:
+            log_conn.execute(LOG_SEED_SUPPRESSION, (user_id, message_id, TIER, blocked_by, spec.on_exceed))
+
+        def close_both() -> None:
+            client.close()
+            log_conn.close()
+
+        return RedisDecider(client, spec.contender, spec.shas, spec.consumes, log).decide, close_both
 
     # As gov's own pool configures its connections: autocommit, prepared from the first call.
     conn = psycopg.connect(spec.dsn, autocommit=True, prepare_threshold=0)
@@ -534,7 +568,9 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
         with translate_errors():
             # As migrated, unless the lock-choice measurement swaps the lock between runs.
             replaced = lock_source("advisory")[0] if cfg.lock != "advisory" else None
-            consumes = tier_windows(policy_mod.load_stored(admin))
+            stored = policy_mod.load_stored(admin)
+            consumes = tier_windows(stored)
+            on_exceed = stored.tiers[TIER].on_exceed or "drop"
             facts = admin.execute(SERVER_FACTS).fetchone()
         assert facts is not None
         version, fsync, sync_commit = facts
@@ -560,6 +596,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
             redis_client = stack.enter_context(redis.Redis.from_url(redis_url))
             shas = load_scripts(redis_client)
             settings |= _redis_facts(redis_url)
+            admin.execute(SEED_SUPPRESSIONS)
         else:
             settings["redis"] = "not measured (--no-redis, or no redis-server on PATH)"
 
@@ -595,6 +632,8 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
                     )
                     if contender in REDIS_CONTENDERS:
                         redis_client.flushdb()
+                        if contender == "redis_per_tier_logged":
+                            admin.execute(RESET_SEED_SUPPRESSIONS)
                         if workload == "saturated":
                             prefill(redis_client, cfg.users, decisions_to_cap(consumes), consumes, PREFILL_AGE_MS)
                     elif contender != "select1":
@@ -602,7 +641,8 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
                             if replaced is not None:
                                 install_lock_variant(admin, "row" if contender.startswith("gov_row") else "advisory")
                             reset_database(admin, cfg, workload, consumes)
-                    spec = RunSpec(contender, workload, cfg.seconds, cfg.users, dsn, redis_url, shas, consumes)
+                    spec = RunSpec(contender, workload, cfg.seconds, cfg.users, dsn, redis_url, shas, consumes,
+                                   on_exceed)
                     counted = contender.startswith("gov")
                     if counted:
                         routing.before()

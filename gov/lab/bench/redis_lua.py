@@ -7,6 +7,10 @@ Three ways the seeds spend a P2 decision's budgets (P1 then P2, as ``CONSUMES`` 
 * ``redis_per_tier``: the parent guide's send path (``for (const tier of CONSUMES[msg.tier])
   checkAndCommit(...)``): one ``CHECK_AND_COMMIT`` per consumed tier, two round trips, and
   P1 stays committed when P2 then refuses (PERFORMANCE.md: it burns P1 slots).
+* ``redis_per_tier_logged``: the same send path with the seed's Step 4 as well: a refused
+  message is written to a ``push_suppressions`` table of the seed's shape in PostgreSQL
+  (``ctx.log.suppression``, one autocommitted INSERT), as the guide's ``send()`` does.
+  gov writes that row too, so this is the seed's path doing the same work.
 * ``redis_per_window``: the caps page's ``allowAll``: the ``SLIDING_WINDOW`` script once per
   window (three round trips), then one pipelined ``ZREM`` per committed window on a refusal.
 
@@ -22,7 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +72,7 @@ end
 return {1, 0}
 """
 
-REDIS_CONTENDERS = ("redis_one_call", "redis_per_tier", "redis_per_window")
+REDIS_CONTENDERS = ("redis_one_call", "redis_per_tier", "redis_per_tier_logged", "redis_per_window")
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,21 @@ def load_scripts(client: Any) -> dict[str, str]:
 class RedisDecider:
     """One contender's decision for one client connection; ``decide`` returns allowed."""
 
-    def __init__(self, client: Any, contender: str, shas: dict[str, str], consumes: Sequence[TierWindows]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        contender: str,
+        shas: dict[str, str],
+        consumes: Sequence[TierWindows],
+        log_suppression: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        """``log_suppression(user_id, message_id, blocked_by)``: the seed's Step 4,
+        required by (and only used by) ``redis_per_tier_logged``."""
         if contender not in REDIS_CONTENDERS:
             raise ValueError(f"unknown Redis contender {contender!r}")
+        if (contender == "redis_per_tier_logged") != (log_suppression is not None):
+            raise ValueError("redis_per_tier_logged, and only it, logs suppressions")
+        self.log_suppression = log_suppression
         self.client = client
         self.consumes = tuple(consumes)
         self.sliding = shas["sliding_window"]
@@ -105,6 +121,7 @@ class RedisDecider:
         self.decide = {
             "redis_one_call": self._one_call,
             "redis_per_tier": self._per_tier,
+            "redis_per_tier_logged": self._per_tier,
             "redis_per_window": self._per_window,
         }[contender]
 
@@ -127,7 +144,7 @@ class RedisDecider:
         for t in self.consumes:
             keys = [key(user_id, t.tier, ms) for ms, _ in t.windows]
             now = time.time_ns() // 1_000_000
-            ok, _ = self.client.evalsha(
+            ok, blocked = self.client.evalsha(
                 self.check_and_commit,
                 len(keys),
                 *keys,
@@ -137,6 +154,10 @@ class RedisDecider:
                 *(cap for _, cap in t.windows),
             )
             if int(ok) != 1:
+                if self.log_suppression is not None:
+                    # the seed's window index is 1-based over this tier's windows
+                    ms = t.windows[int(blocked) - 1][0]
+                    self.log_suppression(user_id, member, f"cap_{ms}ms")
                 # the seed returns here: the tiers already passed keep their slot
                 return False
         return True
