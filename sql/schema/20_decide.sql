@@ -53,6 +53,18 @@ $$;
 
 -- ---------------------------------------------------------------- the decision
 
+-- The user's lock beyond this node, taken by the decision after its advisory lock. On one
+-- server there is nothing beyond it: the advisory lock is the user's lock, and this is a
+-- no-op the planner inlines. On a Citus cluster gov.distribute_v1 replaces it with a lock
+-- on the user's gov.users row, which lives in one shard whichever node asks for it: an
+-- advisory lock is only the lock of the node that takes it, and a decision made inside
+-- the app's own transaction runs on the coordinator while a delegated one runs on the
+-- worker, so their advisory locks never meet (tests/citus: the mixed race).
+CREATE FUNCTION gov.cluster_user_lock(p_user_id text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT NULL::void
+$$;
+
 -- The decision itself, shared by a first decision (gov.decide_v1, gov.send_v1) and a
 -- re-decision at release (p_release: the message was decided before and waited; it
 -- is decided again now, its verdict updated, and no second suppression is logged).
@@ -120,6 +132,7 @@ BEGIN
     END IF;
 
     PERFORM pg_advisory_xact_lock(hashtextextended(p_user_id, 0));
+    PERFORM gov.cluster_user_lock(p_user_id);
 
     -- Idempotent on (user, message): a repeat returns the first verdict, spends nothing.
     IF NOT p_release THEN

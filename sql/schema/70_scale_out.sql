@@ -204,6 +204,22 @@ BEGIN
         ALTER FUNCTION gov.decide_core(text, text, text, text, text, timestamptz, boolean) RESET plan_cache_mode;
         RETURN NEXT 'gov.decide_core: planned per call';
     END IF;
+    -- The user's lock must be one lock wherever a decision runs (gov.cluster_user_lock):
+    -- here, the user's row, locked on its shard.
+    IF NOT EXISTS (SELECT 1 FROM pg_proc p
+                    WHERE p.oid = 'gov.cluster_user_lock(text)'::regprocedure
+                      AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'plpgsql')) THEN
+        EXECUTE $fn$
+            CREATE OR REPLACE FUNCTION gov.cluster_user_lock(p_user_id text) RETURNS void
+            LANGUAGE plpgsql AS $body$
+            BEGIN
+                INSERT INTO gov.users (user_id) VALUES (p_user_id) ON CONFLICT DO NOTHING;
+                PERFORM 1 FROM gov.users u WHERE u.user_id = p_user_id FOR UPDATE;
+            END;
+            $body$
+        $fn$;
+        RETURN NEXT 'gov.cluster_user_lock: the user''s row';
+    END IF;
     -- every other function on every node too: a delegated function calls them there.
     -- (Citus creates a new function on every node by itself, but not one created before
     -- the tables its signature names were distributed.)

@@ -112,6 +112,47 @@ def test_twenty_way_race_is_exact_for_users_on_each_worker(db_url: str, conn: ps
             c.close()
 
 
+def test_a_race_of_delegated_decisions_and_decisions_in_the_apps_transaction_is_exact(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Half the racers call gov on its own (Citus delegates the call to the user's worker),
+    half inside a transaction of their own (the call then runs on the coordinator): the
+    user's lock must be one lock wherever the decision runs."""
+    delegated = [psycopg.connect(db_url, autocommit=True) for _ in range(RACERS // 2)]
+    in_transaction = [psycopg.connect(db_url) for _ in range(RACERS // 2)]
+    try:
+        for port in _workers(conn):
+            for round_no, user in enumerate(_users_on(conn, port, f"mixed-{port}-", ROUNDS // 2)):
+                barrier = threading.Barrier(RACERS)
+                results: list[bool] = []
+                lock = threading.Lock()
+
+                def racer(i: int, c: psycopg.Connection[Any], user: str = user, barrier: Any = barrier,
+                          results: list[bool] = results, lock: threading.Lock = lock) -> None:
+                    barrier.wait()
+                    if c.autocommit:
+                        verdict = Governor(c).decide(Message(user_id=user, id=f"m{i}", tier="P2"))
+                    else:
+                        with c.transaction():  # the app's own transaction: not delegated
+                            verdict = Governor(c).decide(Message(user_id=user, id=f"m{i}", tier="P2"))
+                    with lock:
+                        results.append(verdict.allowed)
+
+                threads = [threading.Thread(target=racer, args=(i, c))
+                           for i, c in enumerate(delegated + in_transaction)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=60)
+                assert len(results) == RACERS
+                assert results.count(True) == 2, f"worker {port} round {round_no}: {results.count(True)} allowed"
+                assert conn.execute("SELECT count(*) FROM gov.sends WHERE user_id = %s AND budget = 'P2'",
+                                    (user,)).fetchone() == (2,)
+    finally:
+        for c in delegated + in_transaction:
+            c.close()
+
+
 def test_four_releasers_release_2000_held_messages_once(db_url: str, conn: psycopg.Connection[Any]) -> None:
     clock = Clock(datetime(2026, 6, 10, 9, 0, tzinfo=UTC))
     text = policy_mod.default_policy_text().replace('windows = [{ window = "24h", cap = 6 }]',
