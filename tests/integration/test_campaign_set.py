@@ -12,6 +12,7 @@ import pytest
 
 from gov import Governor, Message
 from gov import policy as policy_mod
+from gov.testing import PushService
 from gov.users import set_quiet_hours, set_segment, set_time_zone, set_user_cap
 
 T0 = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
@@ -130,6 +131,63 @@ def test_a_batch_gives_every_user_the_one_by_one_decision(
         assert rows(conn, sql, "a") == rows(conn, sql, "b")
     spent = {budget for _, budget, _, message in rows(conn, SENDS, "b") if message in {t.id for t in TEMPLATES}}
     assert spent == {"topic:news", "topic:tips", "P1", "P2", "global"}  # every budget a campaign spends
+
+
+CONTENT = ("SELECT substr(user_id, 2), message_id, content, collapse_key, ttl_s, expires_at FROM gov.message_content"
+           " WHERE user_id LIKE %s ORDER BY 1, 2")
+OUTBOX = ("SELECT substr(user_id, 2), message_id, count(*), min(state), max(state), min(next_attempt_at)"
+          " FROM gov.outbox WHERE user_id LIKE %s GROUP BY 1, 2 ORDER BY 1, 2")
+DEFERRED = ("SELECT substr(user_id, 2), message_id, tier, kind, collapse_key, blocked_by, planned_at, release_at,"
+            " give_up_at, state, outcome FROM gov.deferred WHERE user_id LIKE %s ORDER BY 1, 2")
+SEND_TEMPLATES = (  # a tier that drops and an exempt one go together; one that defers, one by one
+    Message(user_id="-", id="flash", tier="P2", campaign_id="spring", title="Flash sale", ttl=3600),
+    Message(user_id="-", id="news-1", tier="P2", topic="news", title="Headline"),
+    Message(user_id="-", id="down", tier="P0", title="We are down", body="Sorry"),
+    Message(user_id="-", id="nudge", tier="P1", title="Your cart"),
+    Message(user_id="-", id="recs-1", tier="P3", title="For you", collapse_key="recs"),
+)
+
+
+def test_a_send_batch_gives_every_user_what_send_gives(
+    db_url: str, conn: psycopg.Connection[Any], push: PushService
+) -> None:
+    """send_many against send, user for user: the verdict, the outbox ids' count, and every
+    row in messages, suppressions, sends, content, outbox and the deferral queue."""
+    with conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(POLICY), POLICY)
+    users = [f"{i:03d}" for i in range(2 * KINDS * 5)]
+    with Governor(db_url, allow_loopback_http=True, pool_size=2) as governor:
+        for prefix in ("a", "b"):
+            for u in users:
+                i = int(u)
+                populate(governor, conn, prefix + u, i)
+                for _ in range(i % 3):  # none, one or two browsers
+                    governor.subscribe(prefix + u, push.subscribe().info)
+                if i % 7 == 0 and i % 3:  # and one of them retired
+                    conn.execute("UPDATE gov.subscriptions SET retired_at = %s, retired_reason = 'gone'"
+                                 " WHERE id = (SELECT min(id) FROM gov.subscriptions WHERE user_id = %s)",
+                                 (T0, prefix + u))
+        actions: set[str | None] = set()
+        for n, t in enumerate(SEND_TEMPLATES):
+            at = T0 + timedelta(hours=2 * n)
+            single = {u: governor.send(Message(user_id="a" + u, id=t.id, tier=t.tier, topic=t.topic,
+                                               campaign_id=t.campaign_id, title=t.title, body=t.body,
+                                               collapse_key=t.collapse_key, ttl=t.ttl), at=at, deliver=False)
+                      for u in users}
+            bulk = governor.send_many(t, ["b" + u for u in reversed(users)] + ["b" + users[0]], at=at, batch=9)
+            assert [u for u, _ in bulk] == sorted("b" + u for u in users)
+            def said(r: Any) -> tuple[Any, ...]:  # send_many's rows carry the verdict, not its counts
+                d = r.decision
+                return d.allowed, d.action, d.reason, d.repeated, len(r.outbox_ids)
+
+            assert {u: said(r) for u, r in single.items()} == {u[1:]: said(r) for u, r in bulk}, t
+            actions |= {r.decision.action for r in single.values()}
+    assert actions >= {None, "drop", "defer"}, actions
+    for sql in (MESSAGES, SUPPRESSIONS, SENDS, CONTENT, OUTBOX, DEFERRED):
+        assert rows(conn, sql, "a") == rows(conn, sql, "b"), sql
+    fanned = conn.execute("SELECT count(*) FROM gov.outbox WHERE user_id LIKE 'b%%'"
+                          " AND message_id IN ('flash', 'down')").fetchone()
+    assert fanned is not None and fanned[0] > 20  # the batch path did fan out
 
 
 def test_bad_input_in_a_batch_is_refused_as_one_by_one(governor: Governor, conn: psycopg.Connection[Any]) -> None:
