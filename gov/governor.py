@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from gov.db import Source
 from gov.delivery.netguard import EndpointGuard
 from gov.delivery.subscription import parse_subscription
-from gov.message import Decision, Message
+from gov.message import Decision, Message, check_user_id
 from gov.queries import q
 
 log = logging.getLogger("gov")
@@ -196,7 +196,7 @@ class Governor:
         if connections < 1:
             raise ValueError("connections must be at least 1")
         # each id checked like a Message; distinct and in order, so the slices share no user
-        users = sorted({replace(template, user_id=u).user_id for u in user_ids})
+        users = sorted({check_user_id(u) for u in user_ids})
         if not users:
             return []
         params = {

@@ -25,6 +25,13 @@ def is_utf8(value: str) -> bool:
     return True
 
 
+def check_user_id(value: object) -> str:
+    """``value`` as a user id, checked as :class:`Message` checks its ``user_id``."""
+    _check_text("user_id", value, required=True)
+    assert isinstance(value, str)  # _check_text refuses anything else
+    return value
+
+
 def _check_text(name: str, value: object, *, required: bool) -> None:
     if value is None:
         if required:

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gov import Governor, Message
+from gov import Governor, InvalidMessage, Message
 from gov import policy as policy_mod
 from gov.testing import PushService
 from gov.users import set_quiet_hours, set_segment, set_time_zone, set_user_cap
@@ -199,4 +199,15 @@ def test_bad_input_in_a_batch_is_refused_as_one_by_one(governor: Governor, conn:
     ):
         with pytest.raises(psycopg.DatabaseError, match=error), conn.transaction():
             conn.execute("SELECT * FROM gov.decide_many_v2(NULL, %s, %s, %s)", (user_ids, message_id, tier))
+    assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("bad", ["", "  ", None, 42, "nul\x00", "x" * 300, "\ud800"])
+def test_a_bad_user_id_in_an_audience_is_refused_before_anything_is_decided(
+    governor: Governor, conn: psycopg.Connection[Any], bad: object
+) -> None:
+    template = Message(user_id="-", id="sale", tier="P2", title="Sale")
+    for call in (governor.decide_many, governor.send_many):
+        with pytest.raises(InvalidMessage, match="user_id"):
+            call(template, ["u1", bad, "u2"])  # type: ignore[list-item]
     assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
