@@ -334,8 +334,12 @@ CREATE OR REPLACE FUNCTION gov.decide_v1(
     retry_after_ms bigint,
     repeated       boolean
 )
-LANGUAGE sql AS $$
-    SELECT * FROM gov.decide_core(p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, p_now, false);
+-- PL/pgSQL, not SQL: before PostgreSQL 18 a SQL function's statement is planned again on
+-- every call, 15-20 % of a decision on PostgreSQL 15 (pgbench, docs/performance.md).
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM gov.decide_core(p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, p_now, false);
+END;
 $$;
 
 -- ---------------------------------------------------------------- the send
