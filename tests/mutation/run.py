@@ -46,7 +46,7 @@ MUTANTS = [
         "the decision takes the user's own cap instead of least(default, user)",
         (
             ("sql/schema/20_decide.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
-            ("sql/migrations/0016_distributable.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
+            ("sql/migrations/0021_cluster_user_lock.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
         ),
         (
             "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
@@ -105,7 +105,7 @@ MUTANTS = [
         "decide_core holds every user to the tier's own windows, whatever their segment",
         (
             ("sql/schema/20_decide.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
-            ("sql/migrations/0016_distributable.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
+            ("sql/migrations/0021_cluster_user_lock.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
         ),
         (
             "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
@@ -126,6 +126,15 @@ MUTANTS = [
              OLD_SEGMENT_GUARD, ") c;", 1),
         ),
         ("tests/integration/test_segments.py::test_refresh_classifies_with_an_explicit_clock",),
+    ),
+    Mutant(
+        "i_campaign_checks_windows_out_of_order",
+        "gov.decide_together takes a user's first blocking window in window order, not decision order",
+        (
+            ("sql/schema/20_decide.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+            ("sql/migrations/0020_campaign_set.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+        ),
+        ("tests/integration/test_campaign_set.py::test_a_batch_gives_every_user_the_one_by_one_decision",),
     ),
     Mutant(
         "h_batch_record_unfenced",

@@ -31,6 +31,11 @@ def test_every_edit_of_the_mutant_matches_the_code(mutant: Any) -> None:
         text = (ROOT / name).read_text()
         assert text.count(old) == expected, f"{mutant.name}: {name} no longer holds {old!r} {expected} time(s)"
         assert old != new
+        if name.startswith("sql/migrations/"):
+            # a later migration that defines the function again undoes the edit: mutate that one
+            later = [m.name for m in sorted((ROOT / "sql" / "migrations").glob("*.sql"))
+                     if not m.name.endswith(".down.sql") and m.name > Path(name).name and old in m.read_text()]
+            assert not later, f"{mutant.name}: {name} is defined again by {later}; edit the last one"
     for test in mutant.tests:
         path, _, function = test.partition("::")
         assert f"def {function}(" in (ROOT / path).read_text(), f"{mutant.name}: {test} does not exist"
