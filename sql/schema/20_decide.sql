@@ -117,6 +117,7 @@ DECLARE
     v_counts  bigint[];
     v_uc      jsonb;
     v_spend   text[];
+    c_rules   refcursor;
 BEGIN
     IF p_user_id IS NULL OR p_user_id = '' THEN
         RAISE EXCEPTION 'user_id is required' USING ERRCODE = 'GV001';
@@ -191,34 +192,43 @@ BEGIN
               INTO v_uc
               FROM gov.user_caps uc WHERE uc.user_id = p_user_id;
             v_own := v_uc IS NOT NULL;
+            -- Two queries, one cursor: a plan is initialised whole on every execution,
+            -- and the own-caps query's nodes (lateral, sorts, jsonb functions) were a fifth
+            -- of a plain user's decision when both stood in one UNION ALL (docs/performance.md).
+            IF v_own THEN
+                OPEN c_rules FOR
+                    SELECT r.seq, r.budget, r.scope, o.windows, o.caps
+                      FROM gov.compiled_rules r
+                     CROSS JOIN LATERAL (
+                            SELECT array_agg(x.w ORDER BY x.w) AS windows, array_agg(x.c ORDER BY x.w) AS caps
+                              FROM (SELECT d.w, least(d.c, uc.cap) AS c
+                                      FROM unnest(r.windows, r.caps) AS d(w, c)
+                                      LEFT JOIN jsonb_to_recordset(v_uc) AS uc(scope text, window_ms bigint, cap integer)
+                                             ON uc.scope = r.scope AND uc.window_ms = d.w
+                                    UNION ALL
+                                    SELECT uo.window_ms, uo.cap
+                                      FROM jsonb_to_recordset(v_uc) AS uo(scope text, window_ms bigint, cap integer)
+                                     WHERE uo.scope = r.scope
+                                       AND r.scope NOT IN ('topic', 'global')
+                                       AND EXISTS (SELECT 1 FROM gov.segment_caps s
+                                                    WHERE s.tier = r.scope AND s.segment = v_seg_key)
+                                       AND NOT uo.window_ms = ANY (r.windows)
+                                       -- only a cap with a default to lower, as the guard admits
+                                       AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL) x
+                           ) o
+                     WHERE r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                     ORDER BY 1;
+            ELSE
+                OPEN c_rules FOR
+                    SELECT r.seq, r.budget, r.scope, r.windows, r.caps
+                      FROM gov.compiled_rules r
+                     WHERE r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                     ORDER BY r.seq;
+            END IF;
             <<rules>>
-            FOR r_rule IN
-                SELECT r.seq, r.budget, r.scope, r.windows, r.caps
-                  FROM gov.compiled_rules r
-                 WHERE NOT v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
-                UNION ALL
-                SELECT r.seq, r.budget, r.scope, o.windows, o.caps
-                  FROM gov.compiled_rules r
-                 CROSS JOIN LATERAL (
-                        SELECT array_agg(x.w ORDER BY x.w) AS windows, array_agg(x.c ORDER BY x.w) AS caps
-                          FROM (SELECT d.w, least(d.c, uc.cap) AS c
-                                  FROM unnest(r.windows, r.caps) AS d(w, c)
-                                  LEFT JOIN jsonb_to_recordset(v_uc) AS uc(scope text, window_ms bigint, cap integer)
-                                         ON uc.scope = r.scope AND uc.window_ms = d.w
-                                UNION ALL
-                                SELECT uo.window_ms, uo.cap
-                                  FROM jsonb_to_recordset(v_uc) AS uo(scope text, window_ms bigint, cap integer)
-                                 WHERE uo.scope = r.scope
-                                   AND r.scope NOT IN ('topic', 'global')
-                                   AND EXISTS (SELECT 1 FROM gov.segment_caps s
-                                                WHERE s.tier = r.scope AND s.segment = v_seg_key)
-                                   AND NOT uo.window_ms = ANY (r.windows)
-                                   -- only a cap with a default to lower, as the guard admits
-                                   AND gov.user_cap_ceiling(uo.scope, uo.window_ms) IS NOT NULL) x
-                       ) o
-                 WHERE v_own AND r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
-                 ORDER BY 1
             LOOP
+                FETCH c_rules INTO r_rule;
+                EXIT WHEN NOT FOUND;
                 v_budget := CASE WHEN r_rule.scope = 'topic' THEN 'topic:' || p_topic ELSE r_rule.budget END;
                 -- Every window of the budget (up to four) in one range scan over the longest.
                 SELECT ARRAY[count(*) FILTER (WHERE s.sent_at > v_now - r_rule.windows[1] * interval '1 millisecond'),
@@ -260,6 +270,7 @@ BEGIN
                     EXIT rules;
                 END LOOP;
             END LOOP;
+            CLOSE c_rules;
         END IF;
 
         IF v_rule IS NOT NULL THEN
