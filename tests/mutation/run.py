@@ -150,6 +150,20 @@ MUTANTS = [
             "tests/integration/test_delivery_robust.py::test_a_batch_records_each_row_as_it_would_alone",
         ),
     ),
+    Mutant(
+        "j_own_caps_read_as_plain",
+        "decide_core reads a user with caps of their own through the plain rule query",
+        (
+            ("sql/schema/20_decide.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
+             "            IF false THEN\n                OPEN c_rules FOR", 1),
+            ("sql/migrations/0023_plain_rules.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
+             "            IF false THEN\n                OPEN c_rules FOR", 1),
+        ),
+        (
+            "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
+            "tests/integration/test_segments.py::test_a_users_own_cap_lowers_the_segment_cap_and_never_raises",
+        ),
+    ),
 ]
 
 
