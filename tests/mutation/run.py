@@ -206,6 +206,9 @@ def last_line(out: str) -> str:
 
 def main(argv: list[str]) -> int:
     chosen = [m for m in MUTANTS if not argv or any(m.name.startswith(a) for a in argv)]
+    if not chosen:  # with no test named, the baseline would run the whole suite for nothing
+        raise SystemExit(f"no mutant's name starts with {' or '.join(argv)}; the mutants: "
+                         + ", ".join(m.name for m in MUTANTS))
     survived = []
     with tempfile.TemporaryDirectory(prefix="gov-mutation-") as tmp:
         base = Path(tmp) / "baseline"
