@@ -1,8 +1,9 @@
 """Connections: where they come from, and how driver errors become gov's own.
 
 A caller may hand gov a DSN, a psycopg connection or pool, or a SQLAlchemy Engine or
-Connection. Whatever the source, gov borrows a psycopg connection for one unit of
-work through :class:`Source.connection`:
+Connection (:class:`AsyncSource`: their asyncio twins, for :mod:`gov.aio`). Whatever
+the source, gov borrows a psycopg connection for one unit of work through
+:class:`Source.connection`:
 
 * a DSN: gov opens (and owns, and closes) a ``psycopg_pool.ConnectionPool``; each unit
   of work commits on success.
@@ -15,12 +16,13 @@ work through :class:`Source.connection`:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,8 @@ class Source:
         self._engine: Any = None
         self._sa_conn: Any = None
         self.pool_timeout = pool_timeout
+        #: the DSN gov opened its pool with (None for a source the caller gave)
+        self.dsn: str | None = source if isinstance(source, str) else None
         if isinstance(source, str):
             self._owned_pool = psycopg_pool.ConnectionPool(
                 source,
@@ -114,6 +118,7 @@ class Source:
             self._pool = self._owned_pool
         elif isinstance(source, psycopg_pool.ConnectionPool):
             self._pool = source
+            self.dsn = source.conninfo if isinstance(source.conninfo, str) else None
         elif isinstance(source, psycopg.Connection):
             self._conn = source
         else:
@@ -200,6 +205,144 @@ class Source:
         if self._owned_pool is not None:
             self._owned_pool.close()
             self._owned_pool = None
+
+
+class AsyncSource:
+    """:class:`Source` for asyncio: a DSN, a psycopg ``AsyncConnection`` or ``AsyncConnectionPool``,
+    or a SQLAlchemy ``AsyncEngine`` or ``AsyncConnection``, with the same rules.
+
+    A DSN opens an ``AsyncConnectionPool`` (autocommit, prepared from the first call),
+    which needs a running event loop: it opens on first use, or with :meth:`open`.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    ) -> None:
+        self._owned_pool: psycopg_pool.AsyncConnectionPool | None = None
+        self._pool: psycopg_pool.AsyncConnectionPool | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._engine: Any = None
+        self._sa_conn: Any = None
+        self._opened = False
+        self._open_lock: asyncio.Lock | None = None
+        self.pool_timeout = pool_timeout
+        self.dsn: str | None = None
+        if isinstance(source, str):
+            self.dsn = source
+            self._owned_pool = psycopg_pool.AsyncConnectionPool(
+                source, min_size=1, max_size=pool_size, timeout=pool_timeout, open=False,
+                kwargs={"autocommit": True, "prepare_threshold": 0},  # as Source: one statement per unit
+            )
+            self._pool = self._owned_pool
+        elif isinstance(source, psycopg_pool.AsyncConnectionPool):
+            self._pool = source
+            self.dsn = source.conninfo if isinstance(source.conninfo, str) else None
+        elif isinstance(source, psycopg.AsyncConnection):
+            self._conn = source
+        else:
+            self._adopt_sqlalchemy(source)
+
+    def _adopt_sqlalchemy(self, source: Any) -> None:
+        try:
+            from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+        except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
+            AsyncConnection = AsyncEngine = None  # type: ignore[assignment,misc]
+        if AsyncEngine is not None and isinstance(source, AsyncEngine):
+            self._engine = source
+            self.dsn = _libpq_url(source.url)
+            return
+        if AsyncConnection is not None and isinstance(source, AsyncConnection):
+            self._sa_conn = source
+            return
+        raise TypeError(
+            "expected a DSN, a psycopg AsyncConnection or AsyncConnectionPool, or a SQLAlchemy "
+            f"AsyncEngine or AsyncConnection; got {type(source).__name__}"
+        )
+
+    @property
+    def external_transaction(self) -> bool:
+        """True when work happens in a connection (and transaction) the caller owns."""
+        return self._conn is not None or self._sa_conn is not None
+
+    async def open(self) -> None:
+        """Open the pool gov owns (waiting for its first connection); a no-op otherwise."""
+        if self._owned_pool is None or self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if not self._opened:
+                with translate_errors():
+                    await self._owned_pool.open(wait=True, timeout=self.pool_timeout)
+                self._opened = True
+
+    async def _driver(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is not None:
+            return self._conn
+        if not self._sa_conn.in_transaction():
+            # let SQLAlchemy know a transaction is open, so its commit() commits ours
+            await self._sa_conn.begin()
+        raw = await self._sa_conn.get_raw_connection()
+        driver = raw.driver_connection
+        if not isinstance(driver, psycopg.AsyncConnection):
+            raise TypeError("gov needs a SQLAlchemy connection using psycopg 3 (postgresql+psycopg://)")
+        return driver
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """One unit of work. Commits on success unless the caller owns the transaction."""
+        with translate_errors():
+            if self.external_transaction:
+                yield await self._driver()
+            elif self._pool is not None:
+                await self.open()
+                async with self._pool.connection(timeout=self.pool_timeout) as conn:
+                    yield conn
+            else:
+                async with self._engine.connect() as sa_conn:
+                    raw = await sa_conn.get_raw_connection()
+                    conn = raw.driver_connection
+                    try:
+                        yield conn
+                    except BaseException:
+                        await conn.rollback()
+                        raise
+                    await conn.commit()
+
+    async def execute(self, query: Any, params: Any, *, retry: bool = True, row_factory: Any = None) -> list[Any]:
+        """:meth:`Source.execute`, awaited: one statement, its rows, sent again after a lost
+        connection when gov owns it (every statement gov sends this way is safe to repeat)."""
+        deadline = time.monotonic() + self.pool_timeout
+        delay = 0.05  # seconds, doubling: a restart takes about a second
+        while True:
+            try:
+                async with self.connection() as conn, (
+                    conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
+                ) as cur:
+                    await cur.execute(query, params)
+                    return await cur.fetchall()
+            except ConnectionLost:
+                if not retry or self.external_transaction or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("database connection lost; retrying", extra={"action": "db_retry"})
+                await asyncio.sleep(delay)  # waiting for the server to come back, not for simulated time
+                delay = min(delay * 2, 1.0)
+
+    async def close(self) -> None:
+        """Close what gov opened itself; never a pool or connection it was given."""
+        if self._owned_pool is not None:
+            await self._owned_pool.close()
+            self._owned_pool = None
+
+
+def _libpq_url(url: Any) -> str:
+    """A SQLAlchemy URL (postgresql+psycopg://…) as the libpq URL it stands for."""
+    text = str(url.render_as_string(hide_password=False))
+    return "postgresql://" + text.split("://", 1)[1]
 
 
 # ---------------------------------------------------------------- the embedded default

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -84,20 +84,7 @@ class Governor:
 
     def decide(self, message: Message, *, at: datetime | None = None) -> Decision:
         """Allow or suppress ``message``; record the spend or the suppression atomically."""
-        if not isinstance(message, Message):
-            raise TypeError(f"decide() takes a gov.Message, got {type(message).__name__}")
-        (row,) = self.source.execute(
-            q("decide"),
-            {
-                "user_id": message.user_id,
-                "message_id": message.id,
-                "tier": message.tier,
-                "topic": message.topic,
-                "campaign_id": message.campaign_id,
-                "now": self._now(at),
-            },
-            row_factory=dict_row,
-        )
+        (row,) = self.source.execute(q("decide"), decide_params(message, self._now(at)), row_factory=dict_row)
         return Decision.from_row(row)
 
     def send(self, message: Message, *, at: datetime | None = None, deliver: bool = True) -> SendResult:
@@ -109,24 +96,7 @@ class Governor:
         recorded. With your own connection, delivery waits for the runner: the rows are
         not visible to anyone until you commit.
         """
-        if not isinstance(message, Message):
-            raise TypeError(f"send() takes a gov.Message, got {type(message).__name__}")
-        content = message.content()
-        (row,) = self.source.execute(
-            q("send"),
-            {
-                "user_id": message.user_id,
-                "message_id": message.id,
-                "tier": message.tier,
-                "topic": message.topic,
-                "campaign_id": message.campaign_id,
-                "content": json.dumps(content),
-                "collapse_key": message.collapse_key,
-                "ttl": message.ttl,
-                "now": self._now(at),
-            },
-            row_factory=dict_row,
-        )
+        (row,) = self.source.execute(q("send"), send_params(message, self._now(at)), row_factory=dict_row)
         decision = Decision.from_row(row)
         ids = tuple(row["outbox_ids"])
         delivered = 0
@@ -189,26 +159,9 @@ class Governor:
         connections: int,
         **extra: Any,
     ) -> list[dict[str, Any]]:
-        if not isinstance(template, Message):
-            raise TypeError(f"expected a gov.Message template, got {type(template).__name__}")
-        if batch < 1:
-            raise ValueError("batch must be at least 1")
-        if connections < 1:
-            raise ValueError("connections must be at least 1")
-        # each id checked like a Message; distinct and in order, so the slices share no user
-        users = sorted({check_user_id(u) for u in user_ids})
+        users, params = many_params(template, user_ids, self._now(at), batch, connections, **extra)
         if not users:
             return []
-        params = {
-            "message_id": template.id,
-            "tier": template.tier,
-            "topic": template.topic,
-            "campaign_id": template.campaign_id,
-            "collapse_key": template.collapse_key,
-            "ttl": template.ttl,
-            "now": self._now(at),
-            **extra,
-        }
 
         def decide_slice(key: str | None, part: list[str]) -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
@@ -216,25 +169,13 @@ class Governor:
                 ids = part[start : start + batch]
                 rows = self.source.execute(q(query), {"shard_key": key, "user_ids": ids, **params},
                                            row_factory=dict_row)
-                # the SQL promises no row order (plain users are decided together): put them
-                # back in the batch's, which is the user order
-                rank = {u: i for i, u in enumerate(ids)}
-                out += sorted(rows, key=lambda r: rank[r["user_id"]])
+                out += in_user_order(rows, ids)
             return out
 
         if self.source.external_transaction:
             connections = 1  # the caller's one connection and transaction
-        # One group on one server, cut into up to `connections` user-ordered slices; on a
-        # Citus cluster one group per shard, each decided whole on the worker that holds it
-        # (sql/schema/70_scale_out.sql), `connections` groups at a time.
         groups = [(key, list(ids)) for key, ids in self.source.execute(q("shard_groups"), {"user_ids": users})]
-        if len(groups) == 1:
-            key, group = groups[0]
-            n = max(1, min(connections, -(-len(group) // batch)))  # no more slices than batches
-            size = -(-len(group) // n)
-            units = [(key, group[i : i + size]) for i in range(0, len(group), size)]
-        else:
-            units = groups
+        units = campaign_units(groups, connections, batch)
         if connections == 1 or len(units) == 1:
             return [row for key, part in units for row in decide_slice(key, part)]
         results: list[list[dict[str, Any]]] = [[] for _ in units]
@@ -303,6 +244,108 @@ class Governor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------- shared with gov.aio
+# The parameters and the planning of every call, so the async governor sends exactly the
+# same statements with exactly the same values: no rule is written twice.
+
+
+def decide_params(message: Message, now: datetime | None) -> dict[str, Any]:
+    """The parameters of ``q("decide")`` for ``message``."""
+    if not isinstance(message, Message):
+        raise TypeError(f"decide() takes a gov.Message, got {type(message).__name__}")
+    return {
+        "user_id": message.user_id,
+        "message_id": message.id,
+        "tier": message.tier,
+        "topic": message.topic,
+        "campaign_id": message.campaign_id,
+        "now": now,
+    }
+
+
+def send_params(message: Message, now: datetime | None) -> dict[str, Any]:
+    """The parameters of ``q("send")``; refuses an untitled or oversize payload first."""
+    if not isinstance(message, Message):
+        raise TypeError(f"send() takes a gov.Message, got {type(message).__name__}")
+    return {
+        "user_id": message.user_id,
+        "message_id": message.id,
+        "tier": message.tier,
+        "topic": message.topic,
+        "campaign_id": message.campaign_id,
+        "content": json.dumps(message.content()),
+        "collapse_key": message.collapse_key,
+        "ttl": message.ttl,
+        "now": now,
+    }
+
+
+def batch_params(messages: Sequence[Message], now: datetime | None, shard_key: str | None) -> dict[str, Any]:
+    """The parameters of ``q("send_batch")``: one array entry per message, in their order."""
+    singles = [send_params(m, now) for m in messages]
+    return {
+        "shard_key": shard_key,
+        "user_ids": [p["user_id"] for p in singles],
+        "message_ids": [p["message_id"] for p in singles],
+        "tiers": [p["tier"] for p in singles],
+        "topics": [p["topic"] for p in singles],
+        "campaign_ids": [p["campaign_id"] for p in singles],
+        "contents": [p["content"] for p in singles],
+        "collapse_keys": [p["collapse_key"] for p in singles],
+        "ttls": [p["ttl"] for p in singles],
+        "now": now,
+    }
+
+
+def many_params(
+    template: Message, user_ids: Iterable[str], now: datetime | None, batch: int, connections: int, **extra: Any
+) -> tuple[list[str], dict[str, Any]]:
+    """A campaign's audience (checked, distinct, in user order) and the parameters of its batches."""
+    if not isinstance(template, Message):
+        raise TypeError(f"expected a gov.Message template, got {type(template).__name__}")
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    if connections < 1:
+        raise ValueError("connections must be at least 1")
+    # each id checked like a Message; distinct and in order, so the slices share no user
+    users = sorted({check_user_id(u) for u in user_ids})
+    params = {
+        "message_id": template.id,
+        "tier": template.tier,
+        "topic": template.topic,
+        "campaign_id": template.campaign_id,
+        "collapse_key": template.collapse_key,
+        "ttl": template.ttl,
+        "now": now,
+        **extra,
+    }
+    return users, params
+
+
+def campaign_units(
+    groups: list[tuple[str | None, list[str]]], connections: int, batch: int
+) -> list[tuple[str | None, list[str]]]:
+    """The units a campaign is decided in, each on a connection of its own.
+
+    One group on one server, cut into up to ``connections`` user-ordered slices; on a
+    Citus cluster one group per shard, each decided whole on the worker that holds it
+    (sql/schema/70_scale_out.sql), ``connections`` groups at a time.
+    """
+    if len(groups) != 1:
+        return groups
+    key, group = groups[0]
+    n = max(1, min(connections, -(-len(group) // batch)))  # no more slices than batches
+    size = -(-len(group) // n)
+    return [(key, group[i : i + size]) for i in range(0, len(group), size)]
+
+
+def in_user_order(rows: list[dict[str, Any]], ids: list[str]) -> list[dict[str, Any]]:
+    """A batch's rows in the batch's order, the user order: the SQL promises none (plain
+    users are decided together)."""
+    rank = {u: i for i, u in enumerate(ids)}
+    return sorted(rows, key=lambda r: rank[r["user_id"]])
 
 
 _default: Governor | None = None

@@ -23,3 +23,14 @@ SELECT user_id, allowed, action, reason, repeated, outbox_ids
 -- name: shard_groups
 -- An audience in per-shard groups, each with its shard key (one group on one server).
 SELECT shard_key, user_ids FROM gov.shard_groups_v1(%(user_ids)s);
+
+-- name: send_batch
+-- Unrelated messages sent together (gov serve's grouped requests): one row per message,
+-- by its ordinal (from 1) in the arrays.
+SELECT ordinal, allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
+  FROM gov.send_batch_v1(%(shard_key)s, %(user_ids)s, %(message_ids)s, %(tiers)s, %(topics)s, %(campaign_ids)s,
+                         %(contents)s::jsonb[], %(collapse_keys)s, %(ttls)s::integer[], %(now)s);
+
+-- name: distributed
+-- True on a Citus cluster whose user tables are distributed (batches then go per shard).
+SELECT gov.distributed();

@@ -28,7 +28,7 @@ EVENTS = ("accepted", "display", "click", "close", "unsubscribe")
 #: runner sees: a beacon claiming it is refused.
 MAX_SUBSCRIPTION_ID = 2**63 - 1  # gov.subscriptions.id is a bigint
 BEACON_EVENTS = ("display", "click", "close", "unsubscribe")
-_REFUSED = "GV003"  # SQLSTATE of gov.record_event_v1's refusals
+REFUSED_SQLSTATE = "GV003"  # SQLSTATE of gov.record_event_v1's refusals
 
 
 class InvalidEvent(InvalidInput):
@@ -105,7 +105,7 @@ def record_event(
                     },
                 ).fetchone()
             except psycopg.Error as exc:
-                if exc.sqlstate == _REFUSED and exc.diag.message_primary:
+                if exc.sqlstate == REFUSED_SQLSTATE and exc.diag.message_primary:
                     raise InvalidEvent(exc.diag.message_primary) from exc
                 raise
     finally:

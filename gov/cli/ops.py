@@ -200,12 +200,23 @@ def check(
 @option("--host", envvar="GOV_SERVE_HOST", default="127.0.0.1", help="Address to listen on (loopback by default).")
 @option("--port", envvar="GOV_SERVE_PORT", type=click.IntRange(0, 65535), default=8080,
         help="Port to listen on (0: any free port, announced on stderr).")
-@option("--pool-size", type=click.IntRange(1, 256), default=8, help="Database connections.")
+@option("--pool-size", envvar="GOV_SERVE_POOL_SIZE", type=click.IntRange(1, 256), default=4,
+        help="Database connections of the routes other than /internal/send (per process).")
+@option("--workers", envvar="GOV_SERVE_WORKERS", type=click.IntRange(1, 64), default=1,
+        help="Server processes sharing the port, each with its own pools.")
+@option("--batch-window-ms", envvar="GOV_SERVE_BATCH_WINDOW_MS", type=click.FloatRange(0, 1000), default=1.0,
+        help="How long a send may wait for others to be decided with it in one statement, while the "
+        "database is busy with another batch (0: only those already waiting).")
+@option("--batch-max", envvar="GOV_SERVE_BATCH_MAX", type=click.IntRange(1, 1000), default=64,
+        help="Sends decided together at most (every user lock of a batch is held until it commits).")
+@option("--batch-concurrency", envvar="GOV_SERVE_BATCH_CONCURRENCY", type=click.IntRange(1, 256), default=4,
+        help="Batches decided at once per process, one database connection each.")
 @option("--access-log", is_flag=True, help="Log every request.")
 @option("--demo", is_flag=True, envvar="GOV_SERVE_DEMO",
         help="Also serve /demo: subscribe this browser and send it a test notification (needs GOV_API_TOKEN).")
 @url_option
-def serve(host: str, port: int, pool_size: int, access_log: bool, demo: bool, database_url: str | None) -> None:
+def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: float, batch_max: int,
+          batch_concurrency: int, access_log: bool, demo: bool, database_url: str | None) -> None:
     """Serve the HTTP API: /internal/send, /events, /users/{id}/preferences, /healthz, /metrics.
 
     Needs GOV_API_TOKEN (the bearer token of /internal and /users); refuses to start
@@ -232,8 +243,12 @@ def serve(host: str, port: int, pool_size: int, access_log: bool, demo: bool, da
         from gov.delivery.vapid import VapidSigner
 
         signer = VapidSigner.from_env()
+    metrics_token = os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None
+    # every setting before the database is touched or a process forked: one line if wrong
+    serve_mod.check_settings(token, metrics_token, workers=workers, batch_window_ms=batch_window_ms,
+                             batch_max=batch_max, batch_concurrency=batch_concurrency)
     serve_mod.serve(
         dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
-        access_log=access_log, metrics_token=os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None,
-        subscribe_secret=subscribe_secret, demo=demo,
+        access_log=access_log, metrics_token=metrics_token, subscribe_secret=subscribe_secret, demo=demo,
+        workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max, batch_concurrency=batch_concurrency,
     )

@@ -57,10 +57,15 @@ from starlette.types import Message as ASGIMessage
 from starlette.types import Send as ASGISend
 
 from gov import users
+from gov.aio import DEFAULT_BATCH_MAX, DEFAULT_BATCH_WINDOW_MS, AsyncGovernor, SendBatcher
 from gov.analytics.events import record_event
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.governor import Governor
-from gov.http.models import Error, Event, Health, Id, Preferences, Segment, Send, Verdict
+from gov.http import browser
+from gov.http.door import FastSend
+from gov.http.models import Event, Health, Id, Preferences, Segment, Send, Verdict
+from gov.http.refusals import HTTPError, refusals
+from gov.http.refusals import error_response as _error
 from gov.ops import metrics as gov_metrics
 from gov.policy import format_duration
 from gov.queries import q
@@ -73,27 +78,12 @@ MAX_BODY_BYTES = 64 * 1024  # bytes: a send is a few hundred; anything near this
 MIN_TOKEN_LENGTH = 16  # characters: a shorter bearer token can be guessed
 DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: /internal is for your own services
 DEFAULT_PORT = 8080
+DEFAULT_BATCH_CONCURRENCY = 4  # grouped statements at once: on two cores more only queue in the server
 
 #: Each route's JSON field names, from its model.
 SEND_FIELDS = tuple(f.alias or name for name, f in Send.model_fields.items())
 EVENT_FIELDS = tuple(f.alias or name for name, f in Event.model_fields.items())
 PREFERENCE_FIELDS = tuple(f.alias or name for name, f in Preferences.model_fields.items())
-
-
-class HTTPError(Exception):
-    """An answer other than success: a status and a one-line reason, sent as {"error": …}."""
-
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = dict(headers or {})
-
-
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
-    safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return JSONResponse({"error": safe}, status_code=status, headers=dict(headers or {}))
 
 
 async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[bytes, Any]:
@@ -300,19 +290,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DatabaseError, database_error)
 
 
-_REASONS = {
-    400: "not JSON, or no body", 401: "missing or wrong bearer token", 403: "the token or proof is refused",
-    404: "nothing to act on", 413: "the body is over the limit", 415: "the body must be application/json",
-    501: "not configured on this server (see the message)",
-    422: "well-formed but invalid: nothing was written", 503: "the database is unavailable; retry later",
-}
-
-
-def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI responses for these refusals: each an :class:`~gov.http.models.Error`."""
-    return {status: {"model": Error, "description": _REASONS[status]} for status in statuses}
-
-
 # ---------------------------------------------------------------- preferences
 
 
@@ -369,8 +346,18 @@ def create_app(
     metrics_token: str | None = None,
     subscribe_secret: bytes | None = None,
     demo: bool = False,
+    sender: AsyncGovernor | None = None,
+    batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+    batch_max: int = DEFAULT_BATCH_MAX,
+    batch_concurrency: int = DEFAULT_BATCH_CONCURRENCY,
 ) -> FastAPI:
     """The ASGI application over ``governor``; ``token`` guards /internal and /users.
+
+    ``POST /internal/send`` runs on the async core: ``sender`` (by default an
+    :class:`gov.aio.AsyncGovernor` over the governor's database, opened and closed with
+    the app) through a :class:`gov.aio.SendBatcher`, which decides the sends that arrive
+    together in one statement (``batch_window_ms``, ``batch_max``; ``batch_concurrency``
+    statements at once, one connection each). The other routes use ``governor``.
 
     /metrics takes ``token`` or ``metrics_token`` (a scrape-only secret). Creating the app
     turns on this process's attempt metrics (:func:`gov.ops.metrics.enable`).
@@ -381,15 +368,10 @@ def create_app(
     ``subscribe_secret`` (:mod:`gov.http.tokens`) lets browsers subscribe with the app's
     tokens (``POST /subscriptions``: 501 without it); ``demo`` adds the demo page.
     """
-    if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_LENGTH:
-        raise ConfigurationError(
-            f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters "
-            "(the bearer token /internal/send and /users require)"
-        )
-    if metrics_token is not None and len(metrics_token.strip()) < MIN_TOKEN_LENGTH:
-        raise ConfigurationError(
-            f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
-        )
+    if not isinstance(token, str):
+        raise ConfigurationError(f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters")
+    check_settings(token, metrics_token, workers=1, batch_window_ms=batch_window_ms, batch_max=batch_max,
+                   batch_concurrency=batch_concurrency)
     expected = token.strip().encode()
     api_token = BearerToken([expected], "bearer", ENV_TOKEN)
     scrape_token = BearerToken(
@@ -397,14 +379,34 @@ def create_app(
         "metrics", f"{ENV_METRICS_TOKEN} (scrape-only) or {ENV_TOKEN}",
     )
 
+    owns_sender = sender is None
+    if sender is None:
+        if governor.source.dsn is None:
+            raise ConfigurationError(
+                "create_app needs a governor over a DSN or a pool (its sends run on their own async pool), "
+                "or sender=gov.aio.AsyncGovernor(...)"
+            )
+        sender = AsyncGovernor(governor.source.dsn, signer=governor.signer, pool_size=batch_concurrency + 1,
+                               pool_timeout=governor.source.pool_timeout, clock=governor.clock,
+                               allow_loopback_http=governor.allow_loopback_http)
+    batcher = SendBatcher(sender, window_ms=batch_window_ms, max_batch=batch_max, concurrency=batch_concurrency,
+                          on_batch=gov_metrics.observe_batch)
+
     gov_metrics.enable()
     database = gov_metrics.DatabaseCollector(governor.source.connection)
     exposition = gov_metrics.Union(prometheus_client.REGISTRY, database)
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
+            await sender.open()
+        except DatabaseError as exc:  # /healthz says so; the pool keeps trying
+            log.error("database unavailable at start: %s", exc, extra={"action": "serve_database_error"})
+        try:
             yield
         finally:
+            await batcher.close()
+            if owns_sender:
+                await sender.close()
             if close_on_shutdown:
                 await run_in_threadpool(governor.close)
 
@@ -427,9 +429,11 @@ def create_app(
         responses=refusals(400, 401, 413, 422, 503),
     )
     async def send(body: Send) -> Verdict:
+        # (gov.http.door answers a well-formed send before it reaches here; this route
+        # refuses the rest, and answers what the door hands over, e.g. a chunked body)
         message = body.message()
         message.content()  # refuse an oversize or untitled payload before anything is recorded
-        result = await run_in_threadpool(governor.send, message)
+        result = await batcher.send(message)
         return Verdict.model_validate(result.as_json())
 
     @app.post(
@@ -501,12 +505,12 @@ def create_app(
     async def openapi() -> Response:
         return JSONResponse(app.openapi())
 
-    from gov.http import browser
-
     browser.install(app, governor, secret=subscribe_secret, demo=demo, api_token=api_token)
 
     app.state.max_body = max_body
+    app.state.batcher = batcher
     install_error_handlers(app)
+    app.add_middleware(FastSend, token=expected, max_body=max_body)
     app.add_middleware(HeadAsGet)
     return app
 
@@ -519,48 +523,136 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     signer: Any = None,
-    pool_size: int = 8,
+    pool_size: int = 4,
     access_log: bool = False,
     subscribe_secret: bytes | None = None,
     demo: bool = False,
+    workers: int = 1,
+    batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+    batch_max: int = DEFAULT_BATCH_MAX,
+    batch_concurrency: int = DEFAULT_BATCH_CONCURRENCY,
 ) -> None:
     """Run the server until SIGINT/SIGTERM. Refuses to start without a good token.
 
-    Binds first, then announces ``gov: serving on http://HOST:PORT`` on stderr (with
-    ``port=0``, the port the system chose), then serves.
+    Checks its settings, binds, then announces ``gov: serving on http://HOST:PORT`` on
+    stderr (with ``port=0``, the port the system chose), then serves: in this process, or
+    with ``workers`` above 1 in that many forked processes sharing the socket (the kernel
+    spreads the connections), each with its own pools; SIGTERM or SIGINT stops them all.
     """
-    import uvicorn
+    check_settings(token, metrics_token, workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max,
+                   batch_concurrency=batch_concurrency)
+    assert token is not None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(1024)  # a burst of clients connecting at once must not be refused
+    sock.set_inheritable(True)
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    if signer is None:
+        print("gov: no VAPID key (GOV_VAPID_PRIVATE_KEY): sends are recorded, gov dispatch delivers them",
+              file=sys.stderr)
+    if subscribe_secret is None:
+        print("gov: no subscribe secret (GOV_SUBSCRIBE_SECRET): POST /subscriptions refuses tokens (501)",
+              file=sys.stderr)
+    if demo:
+        print(f"gov: demo page on http://{shown}:{bound_port}/demo", file=sys.stderr)
 
+    def run_one() -> None:
+        import uvicorn
+
+        governor = Governor(database_url, signer=signer, pool_size=pool_size)
+        try:
+            app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token,
+                             subscribe_secret=subscribe_secret, demo=demo, batch_window_ms=batch_window_ms,
+                             batch_max=batch_max, batch_concurrency=batch_concurrency)
+            # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
+            # once the lifespan has closed the governor
+            config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="on")
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            governor.close()
+
+    if workers == 1:
+        print(f"gov: serving on http://{shown}:{bound_port}", file=sys.stderr, flush=True)
+        run_one()
+        return
+    _run_workers(run_one, workers, f"gov: serving on http://{shown}:{bound_port} ({workers} processes)")
+
+
+def check_settings(
+    token: str | None, metrics_token: str | None, *, workers: int, batch_window_ms: float, batch_max: int,
+    batch_concurrency: int,
+) -> None:
+    """Every setting of ``gov serve`` checked before it binds or forks: one ConfigurationError."""
     if token is None:
         raise ConfigurationError(f"{ENV_TOKEN} is not set: gov serve refuses to start without its bearer token")
-    governor = Governor(database_url, signer=signer, pool_size=pool_size)
-    try:
-        app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token,
-                         subscribe_secret=subscribe_secret, demo=demo)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-        sock.listen(128)
-        sock.set_inheritable(True)
-        bound_port = sock.getsockname()[1]
-        shown = f"[{host}]" if family == socket.AF_INET6 else host
-        if signer is None:
-            print("gov: no VAPID key (GOV_VAPID_PRIVATE_KEY): sends are recorded, gov dispatch delivers them",
-                  file=sys.stderr)
-        if subscribe_secret is None:
-            print("gov: no subscribe secret (GOV_SUBSCRIBE_SECRET): POST /subscriptions refuses tokens (501)",
-                  file=sys.stderr)
-        if demo:
-            print(f"gov: demo page on http://{shown}:{bound_port}/demo", file=sys.stderr)
-        print(f"gov: serving on http://{shown}:{bound_port}", file=sys.stderr, flush=True)
-        # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
-        # once the lifespan has closed the governor
-        config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="on")
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        governor.close()
+    if len(token.strip()) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters "
+            "(the bearer token /internal/send and /users require)"
+        )
+    if metrics_token is not None and len(metrics_token.strip()) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
+        )
+    if workers < 1:
+        raise ConfigurationError(f"--workers must be at least 1, got {workers}")
+    if not 0 <= batch_window_ms <= 1000:
+        raise ConfigurationError(f"the batch window must be 0 to 1000 ms, got {batch_window_ms}")
+    if batch_max < 1:
+        raise ConfigurationError(f"a batch holds at least 1 send, got {batch_max}")
+    if batch_concurrency < 1:
+        raise ConfigurationError(f"at least 1 batch must run at a time, got {batch_concurrency}")
+
+
+def _run_workers(run_one: Callable[[], None], workers: int, banner: str) -> None:
+    """Fork ``workers`` processes that each run ``run_one``; stop them all on SIGTERM/SIGINT
+    or when one ends, and end with the first failure's status."""
+    import os
+    import signal
+
+    children: list[int] = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the child: its own pools and event loop, made after the fork
+            code = 0
+            try:
+                run_one()
+            except BaseException:  # reported here; the parent sees the status
+                log.exception("gov serve worker failed", extra={"action": "serve_worker_failed"})
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+    print(banner, file=sys.stderr, flush=True)
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    status = 0
+    while children:
+        pid, raw = os.wait()
+        if pid not in children:
+            continue
+        children.remove(pid)
+        code = os.waitstatus_to_exitcode(raw)
+        clean = code == 0 or (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
+        if not clean and status == 0:
+            status = 1
+        if not stopping:  # one worker ended on its own: stop the rest, do not serve at part strength
+            stop(signal.SIGTERM, None)
+    if status:
+        raise SystemExit(status)

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from gov.delivery.subscription import b64url_decode
 from gov.governor import Governor
 from gov.http.models import Proof, Subscribe, Subscribed, SubscribeToken, TokenRequest, WorkerError
+from gov.http.refusals import HTTPError, refusals
 from gov.http.tokens import (
     DEFAULT_TTL_S,
     ENV_SECRET,
@@ -106,8 +107,6 @@ def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subs
     Raises HTTPError 501 (no secret), 403 (bad token or proof), or
     :class:`gov.errors.InvalidSubscription` (422); nothing is written then.
     """
-    from gov.http.app import HTTPError
-
     replaced: int | None = None
     if body.token is not None:
         if secret is None:
@@ -135,8 +134,6 @@ def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subs
 
 def retire(governor: Governor, proof: Proof) -> None:
     """Retire the live subscription ``proof`` holds (the browser unsubscribed); 404 when none."""
-    from gov.http.app import HTTPError
-
     held = _held(governor, proof, renewable=False)
     if held is None:
         raise HTTPError(404, "no live subscription with this endpoint and auth secret")
@@ -146,8 +143,6 @@ def retire(governor: Governor, proof: Proof) -> None:
 
 def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: bool, api_token: Any) -> None:
     """Add the browser routes to ``app`` (the demo's only with ``demo``)."""
-    from gov.http.app import HTTPError, refusals
-
     @app.get("/gov-sw.js", summary="gov's service worker", response_class=Response,
              responses={200: {"content": {"text/javascript": {}}, "description": "JavaScript"}})
     async def service_worker() -> Response:

@@ -46,6 +46,8 @@ _lock = threading.Lock()
 _attempts: Any = None
 _seconds: Any = None
 _worker_errors: Any = None
+_batch_size: Any = None
+_batch_wait: Any = None
 
 
 def status_class(status: int | None) -> str:
@@ -57,7 +59,7 @@ def status_class(status: int | None) -> str:
 
 def enable() -> None:
     """Start recording attempts in this process (idempotent)."""
-    global _attempts, _seconds, _worker_errors
+    global _attempts, _seconds, _worker_errors, _batch_size, _batch_wait
     with _lock:
         if _attempts is not None:
             return
@@ -80,6 +82,16 @@ def enable() -> None:
             "gov_push_attempt_seconds",
             "Duration of one push attempt (connect, send, read), in seconds.",
         )
+        _batch_size = Histogram(
+            "gov_serve_batch_size",
+            "Sends `gov serve` decided together in one statement (POST /internal/send grouped).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        _batch_wait = Histogram(
+            "gov_serve_batch_wait_seconds",
+            "How long a send waited for its batch to start (the price of grouping), in seconds.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+        )
 
 
 def enabled() -> bool:
@@ -90,6 +102,14 @@ def observe_worker_error(kind: str) -> None:
     """Count one error a service worker reported (``kind`` is one of a fixed few: no user data)."""
     if _worker_errors is not None:
         _worker_errors.labels(kind).inc()
+
+
+def observe_batch(size: int, waits_s: list[float]) -> None:
+    """Count one grouped statement of ``size`` sends and each send's wait for it."""
+    if _batch_size is not None:
+        _batch_size.observe(size)
+        for wait in waits_s:
+            _batch_wait.observe(wait)
 
 
 def observe_attempt(outcome: str, status: int | None, seconds: float) -> None:

@@ -731,3 +731,65 @@ BEGIN
     END LOOP;
 END;
 $$;
+-- ---------------------------------------------------------------- many messages at once
+
+-- Send a batch of unrelated messages (any users, tiers, topics, content) in one call and
+-- one transaction: what `gov serve` does with the requests that arrive together. Each
+-- message goes through gov.send_v1, so each gets the verdict, rows and fan-out it would
+-- get alone: no rule lives here. What the batch saves is the round trip and the durable
+-- commit per message (the commit is most of an allowed decision's cost). Messages are
+-- sent in user order, then in the order given (ordinal, from 1), so two batches lock
+-- their users in the same order and never wait on each other in a cycle; a user's later
+-- message in the batch sees the earlier one's spend, as it would one call later. An
+-- error in any message (an unknown tier, say) fails the whole call and nothing is
+-- written: the caller then sends each message alone, so the error stays with its
+-- message (gov.aio.AsyncGovernor.send_batch). p_shard_key: on a Citus cluster, one
+-- shard's messages decided on the worker that holds them (gov.shard_groups_v1); NULL on
+-- one server.
+CREATE FUNCTION gov.send_batch_v1(
+    p_shard_key     text,
+    p_user_ids      text[],
+    p_message_ids   text[],
+    p_tiers         text[],
+    p_topics        text[],
+    p_campaign_ids  text[],
+    p_contents      jsonb[],
+    p_collapse_keys text[],
+    p_ttls          integer[],
+    p_now           timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    ordinal        integer,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    repeated       boolean,
+    outbox_ids     bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n   integer := coalesce(cardinality(p_user_ids), 0);
+    r_msg record;
+BEGIN
+    IF coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_tiers), 0) <> v_n
+       OR coalesce(cardinality(p_topics), 0) <> v_n OR coalesce(cardinality(p_campaign_ids), 0) <> v_n
+       OR coalesce(cardinality(p_contents), 0) <> v_n OR coalesce(cardinality(p_collapse_keys), 0) <> v_n
+       OR coalesce(cardinality(p_ttls), 0) <> v_n THEN
+        RAISE EXCEPTION 'a batch''s arrays must have one entry per message (% user ids)', v_n
+            USING ERRCODE = 'GV003';
+    END IF;
+    PERFORM gov.require_one_shard(p_shard_key, p_user_ids);
+    FOR r_msg IN
+        SELECT x.n::integer AS n, x.u, x.m, x.t, x.tp, x.c, x.ct, x.ck, x.ttl
+          FROM unnest(p_user_ids, p_message_ids, p_tiers, p_topics, p_campaign_ids, p_contents,
+                      p_collapse_keys, p_ttls) WITH ORDINALITY AS x(u, m, t, tp, c, ct, ck, ttl, n)
+         ORDER BY x.u, x.n
+    LOOP
+        RETURN QUERY
+        SELECT r_msg.n, s.allowed, s.action, s.reason, s.used, s.cap, s.retry_after_ms, s.repeated, s.outbox_ids
+          FROM gov.send_v1(r_msg.u, r_msg.m, r_msg.t, r_msg.tp, r_msg.c, r_msg.ct, r_msg.ck, r_msg.ttl, p_now) s;
+    END LOOP;
+END;
+$$;

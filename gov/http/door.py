@@ -1,0 +1,120 @@
+"""The fast door: ``POST /internal/send`` answered in plain ASGI, the rest through FastAPI.
+
+The seeds' send is the one route under load, and FastAPI's routing, dependency and
+response machinery cost more per request than the decision's own Python. This
+middleware answers a well-formed, authorised send itself: the bearer token compared in
+constant time, the body read within its limit, the same JSON rules and the same
+pydantic model (:class:`gov.http.models.Send`), the verdict from the batcher
+(:class:`gov.aio.SendBatcher`). Anything else, a refusal of any kind included, is handed
+to the FastAPI route with the body it sent replayed, so every refusal is the route's
+own, word for word (and tested as such).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gov.errors import DatabaseError, InvalidInput
+from gov.http.models import Send as SendBody
+
+log = logging.getLogger("gov.http.door")
+
+PATH = "/internal/send"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class FastSend:
+    """ASGI middleware in front of the FastAPI app; see the module's docstring."""
+
+    def __init__(self, app: ASGIApp, *, token: bytes, max_body: int) -> None:
+        self.app = app
+        self.token = token
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        authorization = length = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                length = value
+        scheme, _, given = authorization.partition(b" ")
+        authorised = hmac.compare_digest(given.strip(), self.token) and scheme.lower() == b"bearer"
+        if not authorised or not length.isdigit() or int(length) > self.max_body:
+            await self.app(scope, receive, send)  # the route refuses it (401, 413, 400…) unread
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            if not message.get("more_body", False) or size > self.max_body:
+                break
+        body = b"".join(chunks)
+        answer = None
+        if size <= self.max_body and not message.get("more_body", False):
+            answer = await self._answer(scope, body)
+        if answer is None:
+            await self.app(scope, _replay(body, message.get("more_body", False), receive), send)
+            return
+        status, payload = answer
+        await send({
+            "type": "http.response.start", "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        })
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _answer(self, scope: Scope, body: bytes) -> tuple[int, bytes] | None:
+        """(status, body) of the verdict; None for anything the route must refuse itself."""
+        try:
+            doc = SendBody.model_validate(json.loads(body, parse_constant=_refuse_constant))
+            message = doc.message()
+            message.content()  # an oversize or untitled payload: the route's 422
+        except (ValueError, RecursionError, ValidationError, InvalidInput):
+            return None
+        batcher = scope["app"].state.batcher
+        try:
+            result = await batcher.send(message)
+        except InvalidInput as exc:  # what the database refused for this message alone
+            # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
+            return 422, _json({"error": str(exc).encode("utf-8", "backslashreplace").decode("utf-8")})
+        except DatabaseError as exc:
+            log.error("database error: %s", exc, extra={"action": "serve_database_error"})
+            return 503, _json({"error": "the database is unavailable; retry later"})
+        verdict = {k: v for k, v in result.as_json().items() if v is not None}
+        return 200, _json(verdict)
+
+
+def _json(doc: dict[str, Any]) -> bytes:
+    # as Starlette's JSONResponse writes it
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _replay(body: bytes, more: bool, receive: Receive) -> Receive:
+    """A receive that gives back what was read, then whatever the client still sends."""
+    sent = False
+
+    async def replay() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": more}
+        return await receive()
+
+    return replay
