@@ -117,18 +117,16 @@ class AsyncGovernor:
         """
         now = self._now(at)
         results: list[SendResult | Exception | None] = [None] * len(messages)
-        good: list[int] = []
+        singles: dict[int, dict[str, Any]] = {}
         for i, message in enumerate(messages):
             try:
-                send_params(message, now)  # refuse an untitled or oversize one, alone
-                good.append(i)
+                singles[i] = send_params(message, now)  # an untitled or oversize one is refused alone
             except (InvalidInput, TypeError) as exc:
                 results[i] = exc
-        for part in await self._by_shard(good, messages):
-            key, members = part
+        for key, members in await self._by_shard(list(singles), messages):
             try:
                 rows = await self.source.execute(
-                    q("send_batch"), batch_params([messages[i] for i in members], now, key), row_factory=dict_row
+                    q("send_batch"), batch_params([singles[i] for i in members], now, key), row_factory=dict_row
                 )
                 for row in rows:
                     results[members[row["ordinal"] - 1]] = SendResult(

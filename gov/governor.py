@@ -282,9 +282,8 @@ def send_params(message: Message, now: datetime | None) -> dict[str, Any]:
     }
 
 
-def batch_params(messages: Sequence[Message], now: datetime | None, shard_key: str | None) -> dict[str, Any]:
-    """The parameters of ``q("send_batch")``: one array entry per message, in their order."""
-    singles = [send_params(m, now) for m in messages]
+def batch_params(singles: Sequence[Mapping[str, Any]], now: datetime | None, shard_key: str | None) -> dict[str, Any]:
+    """The parameters of ``q("send_batch")`` from each message's :func:`send_params`, in their order."""
     return {
         "shard_key": shard_key,
         "user_ids": [p["user_id"] for p in singles],

@@ -83,15 +83,13 @@ class FastSend:
     async def _answer(self, scope: Scope, body: bytes) -> tuple[int, bytes] | None:
         """(status, body) of the verdict; None for anything the route must refuse itself."""
         try:
-            doc = SendBody.model_validate(json.loads(body, parse_constant=_refuse_constant))
-            message = doc.message()
-            message.content()  # an oversize or untitled payload: the route's 422
+            message = SendBody.model_validate(json.loads(body, parse_constant=_refuse_constant)).message()
         except (ValueError, RecursionError, ValidationError, InvalidInput):
             return None
         batcher = scope["app"].state.batcher
         try:
             result = await batcher.send(message)
-        except InvalidInput as exc:  # what the database refused for this message alone
+        except InvalidInput as exc:  # refused alone (an oversize payload, an unknown tier): the route's 422
             # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
             return 422, _json({"error": str(exc).encode("utf-8", "backslashreplace").decode("utf-8")})
         except DatabaseError as exc:

@@ -454,35 +454,32 @@ $$;
 
 -- ---------------------------------------------------------------- campaigns in bulk
 
--- A campaign batch's first step on one server: lock every user of the batch (sorted,
--- distinct), in that order, the order every batch uses, so two batches never wait on each
--- other in a cycle (a single send locks one user only); then return the *plain* ones,
--- those gov.decide_together can decide: no earlier verdict for this message and, unless
+-- The plain ones among users already locked, each with its own message id: those
+-- gov.decide_together can decide, with no earlier verdict for their message and, unless
 -- the tier is exempt, no time zone, no caps of their own, no opt-out of the topic and no
 -- segment with windows of its own. An empty or NULL id is never plain (gov.decide_core
--- refuses it). The tier must exist.
-CREATE FUNCTION gov.lock_batch(p_users text[], p_message_id text, p_tier text, p_topic text) RETURNS text[]
-LANGUAGE plpgsql AS $$
+-- refuses it). The tier must exist. Users come back in the order given.
+CREATE FUNCTION gov.plain_users(p_users text[], p_message_ids text[], p_tier text, p_topic text) RETURNS text[]
+LANGUAGE plpgsql
+-- (generic plans, as gov.decide_core: planning the probe for a batch of one cost more than running it)
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_exempt boolean;
     v_topic  text := '';
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(x.u, 0))
-       FROM unnest(p_users) WITH ORDINALITY AS x(u, n)
-      WHERE x.u <> ''
-      ORDER BY x.n;
     SELECT t.exempt INTO STRICT v_exempt FROM gov.tiers t WHERE t.tier = p_tier;
     IF p_topic IS NOT NULL THEN
         v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
                         THEN p_topic ELSE '*' END;
     END IF;
-    -- (The earlier verdict is probed per user, by its key: every row of the campaign's
-    -- earlier batches has this message id, so a join on it would read them all.)
+    -- (The earlier verdict is probed per user, by its key: every row of a campaign's
+    -- earlier batches has the campaign's message id, so a join on it would read them all.)
     RETURN ARRAY(
-        SELECT x.u FROM unnest(p_users) WITH ORDINALITY AS x(u, n)
+        SELECT x.u FROM unnest(p_users, p_message_ids) WITH ORDINALITY AS x(u, m, n)
           LEFT JOIN LATERAL (SELECT true AS seen FROM gov.messages m
-                              WHERE m.user_id = x.u AND m.message_id = p_message_id LIMIT 1) e ON true
-         WHERE x.u <> '' AND e.seen IS NULL
+                              WHERE m.user_id = x.u AND m.message_id = x.m LIMIT 1) e ON true
+         WHERE x.u <> '' AND x.m <> '' AND e.seen IS NULL
            AND (v_exempt OR (
                     NOT EXISTS (SELECT 1 FROM gov.users u
                                  WHERE u.user_id = x.u
@@ -498,15 +495,33 @@ BEGIN
 END;
 $$;
 
--- Decide one message for plain users (gov.lock_batch: locked, and none of what makes a
--- user's decision their own) in one statement, with the verdicts and the message,
--- suppression and send rows gov.decide_core gives each of them: every window of every
--- rule counted per user (one range scan per budget over its longest window), the first
--- that blocks in decision order, the moment a slot frees for it. A fraction of a
--- decision's cost per user. Rows come in no promised order.
+-- A campaign batch's first step on one server: lock every user of the batch (sorted,
+-- distinct), in that order, the order every batch uses, so two batches never wait on each
+-- other in a cycle (a single send locks one user only); then return the plain ones
+-- (gov.plain_users) for the campaign's one message id.
+CREATE FUNCTION gov.lock_batch(p_users text[], p_message_id text, p_tier text, p_topic text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(x.u, 0))
+       FROM unnest(p_users) WITH ORDINALITY AS x(u, n)
+      WHERE x.u <> ''
+      ORDER BY x.n;
+    RETURN gov.plain_users(p_users, array_fill(p_message_id, ARRAY[coalesce(cardinality(p_users), 0)]),
+                           p_tier, p_topic);
+END;
+$$;
+
+-- Decide one tier's messages for plain users (gov.plain_users: locked, and none of what
+-- makes a user's decision their own), each user with their own message id, in one
+-- statement, with the verdicts and the message, suppression and send rows
+-- gov.decide_core gives each of them: every window of every rule counted per user (one
+-- range scan per budget over its longest window), the first that blocks in decision
+-- order, the moment a slot frees for it. A fraction of a decision's cost per user. A
+-- user appears once (a second message of theirs would not see the first's spend).
+-- Rows come in no promised order.
 CREATE FUNCTION gov.decide_together(
     p_users       text[],
-    p_message_id  text,
+    p_message_ids text[],
     p_tier        text,
     p_topic       text,
     p_campaign_id text,
@@ -520,7 +535,11 @@ CREATE FUNCTION gov.decide_together(
     cap            integer,
     retry_after_ms bigint
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Generic plans, as gov.decide_core: the statement below, planned per call, cost a
+-- small batch (gov serve's) twice what it cost to run (pgbench, docs/performance.md).
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_tier  gov.tiers%ROWTYPE;
     v_topic text := '';
@@ -566,7 +585,7 @@ BEGIN
          WHERE ch.n >= ch.c
          ORDER BY ch.u, ch.seq, ch.i
     ), verdict AS (
-        SELECT p.u, b.u IS NULL AS ok, b.scope,
+        SELECT p.u, p.m, b.u IS NULL AS ok, b.scope,
                CASE WHEN b.u IS NOT NULL THEN v_tier.on_exceed END AS act,
                CASE b.scope WHEN 'topic' THEN 'topic_cap_' WHEN 'global' THEN 'global_cap_' ELSE 'cap_' END
                    || b.w || 'ms' AS rule,
@@ -574,7 +593,7 @@ BEGIN
                -- a slot frees when enough of the oldest rows leave the window (a cap of 0: never)
                CASE WHEN f.free_at IS NOT NULL
                     THEN greatest(0, ceil(extract(epoch FROM f.free_at - p_now) * 1000))::bigint END AS retry
-          FROM unnest(p_users) p(u)
+          FROM unnest(p_users, p_message_ids) p(u, m)
           LEFT JOIN blocked b ON b.u = p.u
           LEFT JOIN LATERAL (
                  SELECT (array_agg(s.sent_at ORDER BY s.sent_at))[b.n - b.c + 1]
@@ -584,23 +603,48 @@ BEGIN
                     AND s.sent_at > p_now - b.w * interval '1 millisecond') f ON b.u IS NOT NULL
     ), spent AS (
         INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT v.u, sb.b, p_now, p_message_id FROM verdict v CROSS JOIN unnest(v_spend) sb(b) WHERE v.ok
+        SELECT v.u, sb.b, p_now, v.m FROM verdict v CROSS JOIN unnest(v_spend) sb(b) WHERE v.ok
     ), decided AS (
         INSERT INTO gov.messages (user_id, message_id, tier, topic, campaign_id, allowed, action,
                                   reason, used, cap, retry_after_ms, decided_at)
-        SELECT v.u, p_message_id, p_tier, p_topic, p_campaign_id, v.ok, v.act, v.rule, v.n, v.c, v.retry, p_now
+        SELECT v.u, v.m, p_tier, p_topic, p_campaign_id, v.ok, v.act, v.rule, v.n, v.c, v.retry, p_now
           FROM verdict v
     ), logged AS (
         INSERT INTO gov.push_suppressions (user_id, message_id, tier, blocked_by, action,
                                            campaign_id, topic, blocked_scope, used, cap,
                                            retry_after_ms, created_at, segment)
-        SELECT v.u, p_message_id, p_tier, v.rule, v.act, p_campaign_id, p_topic, v.scope, v.n, v.c,
+        SELECT v.u, v.m, p_tier, v.rule, v.act, p_campaign_id, p_topic, v.scope, v.n, v.c,
                v.retry, p_now, (SELECT u.segment FROM gov.users u WHERE u.user_id = v.u)
           FROM verdict v
          WHERE NOT v.ok
          ORDER BY v.u
     )
     SELECT v.u, v.ok, v.act, v.rule, v.n, v.c, v.retry FROM verdict v;
+END;
+$$;
+
+-- A campaign's form of it: one message id for every user.
+CREATE FUNCTION gov.decide_together(
+    p_users       text[],
+    p_message_id  text,
+    p_tier        text,
+    p_topic       text,
+    p_campaign_id text,
+    p_now         timestamptz
+) RETURNS TABLE (
+    user_id        text,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM gov.decide_together(
+        p_users, array_fill(p_message_id, ARRAY[coalesce(cardinality(p_users), 0)]), p_tier, p_topic,
+        p_campaign_id, p_now);
 END;
 $$;
 
@@ -735,17 +779,21 @@ $$;
 
 -- Send a batch of unrelated messages (any users, tiers, topics, content) in one call and
 -- one transaction: what `gov serve` does with the requests that arrive together. Each
--- message goes through gov.send_v1, so each gets the verdict, rows and fan-out it would
--- get alone: no rule lives here. What the batch saves is the round trip and the durable
--- commit per message (the commit is most of an allowed decision's cost). Messages are
--- sent in user order, then in the order given (ordinal, from 1), so two batches lock
--- their users in the same order and never wait on each other in a cycle; a user's later
--- message in the batch sees the earlier one's spend, as it would one call later. An
--- error in any message (an unknown tier, say) fails the whole call and nothing is
--- written: the caller then sends each message alone, so the error stays with its
--- message (gov.aio.AsyncGovernor.send_batch). p_shard_key: on a Citus cluster, one
+-- message gets the verdict, rows and fan-out gov.send_v1 would give it alone, one call
+-- after the other in user order, then in the order given (ordinal, from 1): a user's
+-- later message in the batch sees the earlier one's spend. What the batch saves is the
+-- round trip and the durable commit per message (most of an allowed decision's cost),
+-- and on one server the per-message work: the messages of users with one message in the
+-- batch, plain ones (gov.plain_users) of a tier that holds nothing (exempt, or one that
+-- drops), are decided together, per tier, topic and campaign, by gov.decide_together,
+-- their content stored and fanned out in a few statements; the rest go through
+-- gov.send_v1, as does everything on a Citus cluster. Every user of the batch is locked
+-- first, in user order, the order every batch uses, so batches never wait on each other
+-- in a cycle. An error in any message (an unknown tier, say) fails the whole call and
+-- nothing is written: the caller then sends each message alone, so the error stays with
+-- its message (gov.aio.AsyncGovernor.send_batch). p_shard_key: on a Citus cluster, one
 -- shard's messages decided on the worker that holds them (gov.shard_groups_v1); NULL on
--- one server.
+-- one server. Rows come in no promised order.
 CREATE FUNCTION gov.send_batch_v1(
     p_shard_key     text,
     p_user_ids      text[],
@@ -768,10 +816,19 @@ CREATE FUNCTION gov.send_batch_v1(
     repeated       boolean,
     outbox_ids     bigint[]
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Generic plans, as gov.decide_core (a batch of one: 1.19 ms instead of 3.17 by pgbench).
+-- On a Citus cluster gov.distribute_v1 resets it: the setting holds for the functions it
+-- calls, and a worker cannot route a generic plan of gov.decide_core's statements.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
-    v_n   integer := coalesce(cardinality(p_user_ids), 0);
-    r_msg record;
+    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    v_n     integer := coalesce(cardinality(p_user_ids), 0);
+    v_done  integer[] := '{}';
+    r_group record;
+    r_msg   record;
+    v_plain text[];
 BEGIN
     IF coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_tiers), 0) <> v_n
        OR coalesce(cardinality(p_topics), 0) <> v_n OR coalesce(cardinality(p_campaign_ids), 0) <> v_n
@@ -781,15 +838,68 @@ BEGIN
             USING ERRCODE = 'GV003';
     END IF;
     PERFORM gov.require_one_shard(p_shard_key, p_user_ids);
+    IF NOT gov.distributed() THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(x.u, 0))
+           FROM (SELECT DISTINCT u FROM unnest(p_user_ids) u WHERE u <> '') x
+          ORDER BY x.u;
+        -- (bad input, an unknown tier, no message id, a TTL under a second, an empty user
+        -- id, is left to gov.send_v1 to refuse)
+        FOR r_group IN
+            WITH msg AS (
+                SELECT x.*, count(*) OVER (PARTITION BY x.u) AS mine
+                  FROM unnest(p_user_ids, p_message_ids, p_tiers, p_topics, p_campaign_ids)
+                       WITH ORDINALITY AS x(u, m, t, tp, c, n)
+            )
+            SELECT msg.t, msg.tp, msg.c, array_agg(msg.u ORDER BY msg.u) AS us, array_agg(msg.m ORDER BY msg.u) AS ms
+              FROM msg JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')
+             WHERE msg.mine = 1 AND msg.u <> '' AND msg.m <> ''
+               AND (p_ttls[msg.n] IS NULL OR p_ttls[msg.n] >= 1)
+             GROUP BY msg.t, msg.tp, msg.c
+        LOOP
+            v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp);
+            CONTINUE WHEN cardinality(v_plain) = 0;
+            RETURN QUERY
+            WITH decided AS (
+                SELECT d.*, x.n::integer AS n
+                  FROM gov.decide_together(
+                           v_plain,
+                           ARRAY(SELECT p_message_ids[x.n] FROM unnest(p_user_ids) WITH ORDINALITY x(u, n)
+                                   JOIN unnest(v_plain) WITH ORDINALITY pu(u, k) ON pu.u = x.u ORDER BY pu.k),
+                           r_group.t, r_group.tp, r_group.c, v_now) d
+                  JOIN unnest(p_user_ids) WITH ORDINALITY x(u, n) ON x.u = d.user_id
+            ), content AS (  -- every decided message keeps its content, as send_v1 stores it (a drop too)
+                INSERT INTO gov.message_content (user_id, message_id, content, collapse_key, ttl_s, expires_at)
+                SELECT d.user_id, p_message_ids[d.n], p_contents[d.n], p_collapse_keys[d.n], l.ttl_s,
+                       v_now + l.ttl_s * interval '1 second'
+                  FROM decided d
+                 CROSS JOIN LATERAL (SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s
+                                       FROM gov.tiers t WHERE t.tier = r_group.t) l
+            ), fan AS (  -- gov.fan_out for every allowed message: one outbox row per live endpoint
+                INSERT INTO gov.outbox (user_id, message_id, subscription_id, next_attempt_at, created_at)
+                SELECT s.user_id, p_message_ids[d.n], s.id, v_now, v_now
+                  FROM gov.subscriptions s
+                  JOIN decided d ON d.user_id = s.user_id AND d.allowed
+                 WHERE s.retired_at IS NULL
+                 ORDER BY s.user_id, s.id
+                RETURNING gov.outbox.user_id AS u, gov.outbox.id
+            )
+            SELECT d.n, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, false,
+                   coalesce((SELECT array_agg(f.id ORDER BY f.id) FROM fan f WHERE f.u = d.user_id), '{}'::bigint[])
+              FROM decided d;
+            v_done := v_done || ARRAY(SELECT x.n::integer FROM unnest(p_user_ids) WITH ORDINALITY x(u, n)
+                                       WHERE x.u = ANY (v_plain));
+        END LOOP;
+    END IF;
     FOR r_msg IN
         SELECT x.n::integer AS n, x.u, x.m, x.t, x.tp, x.c, x.ct, x.ck, x.ttl
           FROM unnest(p_user_ids, p_message_ids, p_tiers, p_topics, p_campaign_ids, p_contents,
                       p_collapse_keys, p_ttls) WITH ORDINALITY AS x(u, m, t, tp, c, ct, ck, ttl, n)
+         WHERE NOT x.n::integer = ANY (v_done)
          ORDER BY x.u, x.n
     LOOP
         RETURN QUERY
         SELECT r_msg.n, s.allowed, s.action, s.reason, s.used, s.cap, s.retry_after_ms, s.repeated, s.outbox_ids
-          FROM gov.send_v1(r_msg.u, r_msg.m, r_msg.t, r_msg.tp, r_msg.c, r_msg.ct, r_msg.ck, r_msg.ttl, p_now) s;
+          FROM gov.send_v1(r_msg.u, r_msg.m, r_msg.t, r_msg.tp, r_msg.c, r_msg.ct, r_msg.ck, r_msg.ttl, v_now) s;
     END LOOP;
 END;
 $$;

@@ -204,6 +204,14 @@ BEGIN
         ALTER FUNCTION gov.decide_core(text, text, text, text, text, timestamptz, boolean) RESET plan_cache_mode;
         RETURN NEXT 'gov.decide_core: planned per call';
     END IF;
+    -- (and the batch, whose setting would hold for the gov.decide_core it calls)
+    IF EXISTS (SELECT 1 FROM pg_proc p
+                WHERE p.oid = 'gov.send_batch_v1(text, text[], text[], text[], text[], text[], jsonb[], text[], integer[], timestamptz)'::regprocedure
+                  AND p.proconfig IS NOT NULL) THEN
+        ALTER FUNCTION gov.send_batch_v1(text, text[], text[], text[], text[], text[], jsonb[], text[], integer[],
+                                         timestamptz) RESET plan_cache_mode;
+        RETURN NEXT 'gov.send_batch_v1: planned per call';
+    END IF;
     -- The user's lock must be one lock wherever a decision runs (gov.cluster_user_lock):
     -- here, the user's row, locked on its shard.
     IF NOT EXISTS (SELECT 1 FROM pg_proc p

@@ -132,7 +132,7 @@ MUTANTS = [
         "gov.decide_together takes a user's first blocking window in window order, not decision order",
         (
             ("sql/schema/20_decide.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
-            ("sql/migrations/0020_campaign_set.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+            ("sql/migrations/0024_send_batch.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
         ),
         ("tests/integration/test_campaign_set.py::test_a_batch_gives_every_user_the_one_by_one_decision",),
     ),
