@@ -1,0 +1,113 @@
+"""gov.send_batch_v1 (what `gov serve` sends for the requests that arrive together) gives
+every message what gov.send_v1 gives it alone, row for row, whatever the mix: users of
+every kind, several messages of one user in a batch, repeated ids, every tier."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from gov import Governor, Message
+from gov import policy as policy_mod
+from gov.aio import AsyncGovernor
+from gov.queries import q
+from gov.testing import PushService
+from tests.integration.test_campaign_set import (
+    CONTENT,
+    DEFERRED,
+    KINDS,
+    MESSAGES,
+    OUTBOX,
+    POLICY,
+    SENDS,
+    SUPPRESSIONS,
+    T0,
+    populate,
+    rows,
+)
+
+KINDS_OF_MESSAGE = (
+    dict(tier="P2", campaign_id="spring", title="Flash sale", ttl=3600),
+    dict(tier="P2", topic="news", title="Headline"),
+    dict(tier="P2", topic="tips", title="Tip"),
+    dict(tier="P0", title="We are down", body="Sorry"),
+    dict(tier="P1", title="Your cart"),
+    dict(tier="P3", title="For you", collapse_key="recs"),
+)
+
+
+def said(result: Any) -> tuple[Any, ...]:
+    d = result.decision
+    return d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, d.repeated, len(result.outbox_ids)
+
+
+def test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone(
+    db_url: str, conn: psycopg.Connection[Any], push: PushService
+) -> None:
+    with conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(POLICY), POLICY)
+    users = [f"{i:03d}" for i in range(2 * KINDS * 4)]
+    with Governor(db_url, allow_loopback_http=True, pool_size=2) as governor:
+        for prefix in ("a", "b"):
+            for u in users:
+                populate(governor, conn, prefix + u, int(u))
+                for _ in range(int(u) % 3):  # none, one or two browsers
+                    governor.subscribe(prefix + u, push.subscribe().info)
+        rng = random.Random(27)
+        plan: list[list[tuple[str, int, int]]] = []  # per round: (user, kind of message, id number)
+        for _ in range(4):
+            picks = [(u, rng.randrange(len(KINDS_OF_MESSAGE)), rng.randrange(6)) for u in users]
+            picks += [(u, rng.randrange(len(KINDS_OF_MESSAGE)), rng.randrange(6)) for u in rng.sample(users, 40)]
+            rng.shuffle(picks)  # several messages of one user, apart in the batch; ids that repeat
+            plan.append(picks)
+
+        def message(prefix: str, user: str, kind: int, n: int) -> Message:
+            return Message(user_id=prefix + user, id=f"m{n}-{kind}", **KINDS_OF_MESSAGE[kind])  # type: ignore[arg-type]
+
+        alone: list[tuple[Any, ...]] = []
+        for round_no, picks in enumerate(plan):
+            at = T0 + timedelta(hours=3 * round_no)
+            alone += [said(governor.send(message("a", *p), at=at, deliver=False)) for p in picks]
+
+    async def batched() -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        async with AsyncGovernor(db_url, pool_size=2) as aio:
+            for round_no, picks in enumerate(plan):
+                at = T0 + timedelta(hours=3 * round_no)
+                for start in range(0, len(picks), 37):  # batches of 37, the last one shorter
+                    results = await aio.send_batch([message("b", *p) for p in picks[start : start + 37]], at=at)
+                    out += [said(r) for r in results]
+        return out
+
+    together = asyncio.run(batched())
+    assert together == alone
+    reasons = {r[2] for r in alone}
+    assert reasons >= {None, "cap_3600000ms", "topic_cap_86400000ms", "global_cap_86400000ms", "quiet_hours",
+                       "topic_opt_out"}, reasons
+    assert {r[1] for r in alone} >= {None, "drop", "defer", "collapse"}
+    assert any(r[6] for r in alone)  # repeats were among them
+    for sql in (MESSAGES, SUPPRESSIONS, SENDS, CONTENT, OUTBOX, DEFERRED):
+        assert rows(conn, sql, "a") == rows(conn, sql, "b"), sql
+
+
+def test_plain_messages_of_a_batch_are_decided_together(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """The set path is taken (not only the one-by-one loop): its users are locked once and
+    decided in one statement, which the statement counters show as a single call of
+    gov.decide_together and no gov.decide_core for them."""
+    with psycopg.connect(db_url, autocommit=True) as c, c.transaction():  # the counters of this transaction
+        c.execute("SET LOCAL track_functions = 'pl'")
+        params = {
+            "shard_key": None, "user_ids": [f"p{i}" for i in range(30)], "message_ids": ["m"] * 30,
+            "tiers": ["P2"] * 30, "topics": [None] * 30, "campaign_ids": [None] * 30,
+            "contents": ['{"title": "t"}'] * 30, "collapse_keys": [None] * 30, "ttls": [None] * 30, "now": T0,
+        }
+        got = c.execute(q("send_batch"), params).fetchall()
+        assert len(got) == 30 and all(r[1] for r in got)
+        calls = dict(c.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                               " WHERE schemaname = 'gov'").fetchall())
+    assert calls.get("decide_together") == 1, calls
+    assert "decide_core" not in calls, calls
