@@ -266,6 +266,7 @@ def own_redis_server(binary: str, *, startup_timeout: float = 10.0) -> Iterator[
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # not Ctrl-C's to stop: the bench does, after its clients
         )  # fmt: skip
         try:
             endpoints = RedisEndpoints(f"redis://127.0.0.1:{port}/0", f"unix://{sock}?db=0")
