@@ -180,7 +180,9 @@ class ChildServer:
     """A server in a child process, bound to 127.0.0.1, that announces its port on one line.
 
     In a session of its own: Ctrl-C interrupts the bench alone, which then stops every child
-    in order (a server dying of the same SIGINT first would fail the run's requests). Its output (stdout and stderr as one stream) is read by a thread: the announcement gives
+    in order (a server dying of the same SIGINT first would fail the run's requests).
+
+    Its output (stdout and stderr as one stream) is read by a thread: the announcement gives
     the port, the last lines explain a failure, and a pipe nobody reads would block the child.
     """
 
@@ -350,8 +352,7 @@ def seed_server_modules(progress: Callable[[str], None]) -> tuple[Path | None, s
         except subprocess.TimeoutExpired:
             return None, f"npm install did not finish in {NPM_TIMEOUT:g} s"
         if done.returncode != 0 or not (staging / "node_modules").is_dir():
-            said = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            return None, f"npm install failed ({done.returncode}): {said[-1] if said else 'no output'}"
+            return None, f"npm install failed: {_npm_reason(done.stderr + done.stdout, done.returncode)}"
         try:
             staging.rename(target)
         except OSError:
@@ -360,6 +361,13 @@ def seed_server_modules(progress: Callable[[str], None]) -> tuple[Path | None, s
         return target / "node_modules", f"installed in {target}"
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _npm_reason(output: str, returncode: int) -> str:
+    """npm's error code and first sentence, from the dozen lines it prints (a stack, a log path)."""
+    code = re.search(r"^npm (?:error|ERR!) code (\S+)", output, re.MULTILINE)
+    said = re.search(r"^npm (?:error|ERR!) (?!code |syscall |errno |\s)(.{20,})$", output, re.MULTILINE)
+    return f"{code.group(1) if code else f'exit {returncode}'}: {said.group(1)[:200] if said else 'no message'}"
 
 
 # ---------------------------------------------------------------- the answers
