@@ -23,12 +23,18 @@ client (asyncio protocols, raw HTTP/1.1). Either is first measured against a ser
 answers every request with a canned 200 (``server.js --canned``, or a Python one without
 node), so a reader can see that the client is not what limits the figures.
 
-Each round runs every contender once for ``seconds``, in reverse order every other round (what
-ran before a contender evens out), after one untimed warm-up each on users of their own. Every
-answer must be 200 with a verdict (``{"sent":true}`` or ``{"sent":false,"action","reason"}``);
+Before the rounds, each contender's store is filled: each user's first two P2 sends, in user
+order, all allowed (the allowed path, timed once, by the Python client). Every user is then
+at the P2 cap, so every timed send is refused, and a run measures the same work per request
+however fast its contender is; from empty stores a faster server would spend less of its run
+on the allowed path and look faster still. Each round then runs every contender once for
+``seconds``, in reverse order every other round (what ran before a contender evens out).
+
+Every answer must be 200 with a verdict (``{"sent":true}`` or ``{"sent":false,"action","reason"}``);
 anything else is counted. Afterwards gov's database is checked (:func:`gov.ops.integrity.check_integrity`:
-no user over a cap in any window, every message in one state, every budget spent once), and
-every contender's allowed answers are bounded by the caps (P2: 2 per user per 24 h).
+no user over a cap in any window, every message in one state, every budget spent once; a
+baseline's, by the cap scan alone), and every contender's allowed answers are bounded by the
+cap (two per user); a cap exceeded fails the bench.
 """
 
 from __future__ import annotations
