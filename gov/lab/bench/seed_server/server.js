@@ -17,8 +17,6 @@
 //
 //   node server.js [port]            prints "listening <port>" once ready (port 0: any free one)
 //   REDIS_URL=redis://127.0.0.1:PORT/0 (required: the bench's private redis-server)
-//   node server.js --canned [port]   no Redis: answers every POST {"sent":true}, the floor of
-//                                    node:http itself (the bench's load client's ceiling)
 "use strict";
 const http = require("http");
 const crypto = require("crypto");
@@ -126,20 +124,15 @@ function parse(raw) {
 }
 
 function main() {
-  const args = process.argv.slice(2);
-  const canned = args[0] === "--canned";
-  const port = Number((canned ? args[1] : args[0]) || 0);
-  let ctx = null;
-  if (!canned) {
-    if (!process.env.REDIS_URL) {
-      process.stderr.write("REDIS_URL is not set\n");
-      process.exit(2);
-    }
-    const Redis = require("ioredis");
-    const redis = new Redis(process.env.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
-    redis.defineCommand("checkAndCommit", { lua: CHECK_AND_COMMIT });
-    ctx = { redis };
+  const port = Number(process.argv[2] || 0);
+  if (!process.env.REDIS_URL) {
+    process.stderr.write("REDIS_URL is not set\n");
+    process.exit(2);
   }
+  const Redis = require("ioredis");
+  const redis = new Redis(process.env.REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  redis.defineCommand("checkAndCommit", { lua: CHECK_AND_COMMIT });
+  const ctx = { redis };
 
   const server = http.createServer((req, res) => {
     if (req.method !== "POST" || req.url !== "/internal/send") {
@@ -165,10 +158,6 @@ function main() {
     });
     req.on("end", () => {
       if (refused) return;
-      if (canned) {
-        answer(res, 200, { sent: true });
-        return;
-      }
       const [msg, problem] = parse(Buffer.concat(chunks).toString("utf8"));
       if (msg === null) {
         answer(res, 400, { error: problem });
@@ -188,20 +177,16 @@ function main() {
   const listen = () => server.listen(port, "127.0.0.1", () => {
     process.stdout.write(`listening ${server.address().port}\n`);
   });
-  if (ctx === null) {
-    listen();
-  } else {
-    // connect and load the script before announcing the port: the first timed request pays neither
-    ctx.redis.connect()
-      .then(() => ctx.redis.script("LOAD", CHECK_AND_COMMIT))
-      .then(listen, (err) => {
-        process.stderr.write(`cannot reach redis at ${process.env.REDIS_URL}: ${err.message}\n`);
-        process.exit(1);
-      });
-  }
+  // connect and load the script before announcing the port: the first timed request pays neither
+  redis.connect()
+    .then(() => redis.script("LOAD", CHECK_AND_COMMIT))
+    .then(listen, (err) => {
+      process.stderr.write(`cannot reach redis at ${process.env.REDIS_URL}: ${err.message}\n`);
+      process.exit(1);
+    });
   const stop = () => {
     server.close();
-    if (ctx !== null) ctx.redis.disconnect();
+    redis.disconnect();
     process.exit(0);
   };
   process.on("SIGTERM", stop);
