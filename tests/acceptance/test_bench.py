@@ -218,6 +218,7 @@ def test_http_bench_smoke(pg_server: str, tmp_path: Path, client: str) -> None:
         assert c["fill"]["allowed"] == 100 and c["fill"]["requests"] == 100, (name, c["fill"])
         assert c["allowed"] == 0 and c["refused"] == run["requests"], (name, c)
     assert contenders["gov_serve"]["check"].startswith("ok: no user over a cap"), contenders["gov_serve"]
+    assert contenders["gov_serve"]["x_baseline"] is None  # no --http-baseline
     assert report["failures"] == []
     # the scratch database is gone
     with psycopg.connect(pg_server, autocommit=True) as conn:

@@ -129,14 +129,22 @@ class HttpReport:
         values = [getattr(r, attribute) for r in self.runs.get(contender, [])]
         return float(statistics.median(values)) if values else 0.0
 
-    def x_seeds(self, contender: str) -> float | None:
-        """Median over rounds of (this round's rate / the seeds' server's in the same round)."""
-        seeds = self.runs.get("seeds_server")
-        if not seeds:
+    def ratio(self, contender: str, reference: str) -> float | None:
+        """Median over rounds of (this round's rate / ``reference``'s in the same round): each
+        pair ran seconds apart under the same background load, so noise moves it least."""
+        theirs = self.runs.get(reference)
+        if not theirs:
             return None
-        ratios = [mine.per_second / theirs.per_second
-                  for mine, theirs in zip(self.runs[contender], seeds, strict=True) if theirs.per_second > 0]
+        ratios = [m.per_second / t.per_second for m, t in zip(self.runs[contender], theirs, strict=True)
+                  if t.per_second > 0]
         return statistics.median(ratios) if ratios else None
+
+    def x_seeds(self, contender: str) -> float | None:
+        return self.ratio(contender, "seeds_server")
+
+    def x_baseline(self, contender: str) -> float | None:
+        """× the baseline checkout's gov serve (with --http-baseline): the "N × today's" figure."""
+        return self.ratio(contender, "gov_serve_baseline")
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +161,7 @@ class HttpReport:
                     "allowed": sum(r.allowed for r in self.runs[c]),
                     "refused": sum(r.refused for r in self.runs[c]),
                     "x_seeds_server": None if (x := self.x_seeds(c)) is None else round(x, 4),
+                    "x_baseline": None if (b := self.x_baseline(c)) is None else round(b, 4),
                     "rounds": [r.as_json() for r in self.runs[c]],
                     "fill": self.fills[c].as_json(),
                     "check": self.checks.get(c),
@@ -283,7 +292,7 @@ def start_canned_server() -> tuple[ChildServer, str]:
     """
     argv = [sys.executable, "-c", "from gov.lab.bench.http import canned_server_main; canned_server_main()"]
     env = _child_env(PYTHONPATH=_python_path(own_tree()))
-    return ChildServer("canned server", argv, env, r"^listening (\d+)"), "python asyncio, canned 200"
+    return ChildServer("canned server", argv, env, r"^listening (\d+)"), "a canned 200 from an asyncio server"
 
 
 def canned_server_main() -> None:
@@ -871,7 +880,7 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
         # the client alone, against a server that does nothing: the most it can measure
         canned, canned_name = start_canned_server()
         try:
-            progress(f"the load client ({client.name}) against a canned 200 ({canned_name})")
+            progress(f"the load client ({client.name}) against {canned_name}")
             ceiling = client.run(canned.port, min(cfg.seconds, 3.0), "ceiling")
         finally:
             canned.close()
@@ -946,16 +955,17 @@ def print_report(report: HttpReport, console: Any) -> None:
              f"{s['connections']} connections, {s['seconds']:g} s × {s['rounds']} interleaved round(s), medians")
     table = Table(title=title, title_justify="left")
     table.add_column("contender")
-    for column in ("requests/s", "× seeds' server", "p50 ms", "p99 ms", "non-200", "allowed",
-                   "rounds, requests/s", "fill requests/s"):
+    baseline = "gov_serve_baseline" in report.contenders
+    for column in ("requests/s", "× seeds' server", *(["× baseline"] if baseline else []), "p50 ms", "p99 ms",
+                   "non-200", "allowed", "rounds, requests/s", "fill requests/s"):
         table.add_column(column, justify="right")
     for c in report.contenders:
         runs = report.runs[c]
-        x = report.x_seeds(c)
+        ratios = [report.x_seeds(c), *([report.x_baseline(c)] if baseline else [])]
         table.add_row(
             c,
             f"{report.median(c):,.0f}",
-            "–" if x is None else f"{x:.3f}",
+            *("–" if x is None else f"{x:.3f}" for x in ratios),
             f"{report.median(c, 'p50_ms'):.2f}",
             f"{report.median(c, 'p99_ms'):.2f}",
             f"{sum(r.non_200 for r in runs):,}",
@@ -969,8 +979,8 @@ def print_report(report: HttpReport, console: Any) -> None:
     console.print(f"fill (before the rounds, Python client): each user's first {P2_CAP_24H} sends in user order, "
                   "all allowed: the allowed path, measured once", highlight=False)
     ceiling = report.ceiling
-    console.print(f"load client: {report.client}; its ceiling against a {report.ceiling_server} server: "
-                  f"{ceiling.per_second:,.0f} requests/s (p50 {ceiling.p50_ms:.2f} ms, p99 {ceiling.p99_ms:.2f} ms)",
+    console.print(f"load client: {report.client}; its ceiling ({report.ceiling_server}): "
+                  f"{ceiling.per_second:,.0f} requests/s, p50 {ceiling.p50_ms:.2f} ms, p99 {ceiling.p99_ms:.2f} ms",
                   highlight=False)
     for c in report.contenders:
         statuses: Counter[str] = Counter()
