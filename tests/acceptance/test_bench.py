@@ -176,3 +176,52 @@ def test_the_seeds_logged_send_path_writes_one_row_per_refusal() -> None:
         assert plain.decide("u1", "m9") is False
     assert verdicts == [True, True, False, False]
     assert logged == [("u1", "m2", "cap_86400000ms"), ("u1", "m3", "cap_86400000ms")]
+
+
+HTTP_CLIENTS = ["python", *(["wrk"] if shutil.which("wrk") else [])]
+
+
+@pytest.mark.parametrize("client", HTTP_CLIENTS)
+def test_http_bench_smoke(pg_server: str, tmp_path: Path, client: str) -> None:
+    """gov serve and the seeds' node:http server (when node, npm and redis-server are there)
+    answer the same load: every answer a 200 verdict, every user filled to the cap and then
+    refused, gov's database consistent. No figure is judged."""
+    out = tmp_path / "http.json"
+    r = bench(
+        "--http", "--seconds", "1", "--rounds", "1", "--users", "50", "--http-connections", "4",
+        "--http-client", client, "--json", str(out),
+        env={"GOV_DATABASE_URL": pg_server, "GOV_DATA_DIR": str(tmp_path / "data")},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["settings"]["users"] == 50 and report["settings"]["connections"] == 4
+    assert report["client"].startswith(client)
+    assert report["ceiling"]["per_second"] > 0 and report["ceiling"]["non_200"] == 0
+    for words in ("requests/s", "× seeds' server", "p50 ms", "p99 ms", "non-200", "load average", "ceiling"):
+        assert words in r.stdout, words
+
+    contenders: dict[str, Any] = report["contenders"]
+    if "seeds_server" in report["skipped"]:
+        why = report["skipped"]["seeds_server"]
+        assert f"seeds_server: skipped: {why}" in r.stdout
+        if shutil.which("node") is None:
+            assert why == "node is not on PATH"
+        assert set(contenders) == {"gov_serve"}
+    else:
+        assert set(contenders) == {"seeds_server", "gov_serve"}
+        assert contenders["gov_serve"]["x_seeds_server"] > 0
+    for name, c in contenders.items():
+        (run,) = c["rounds"]
+        assert run["requests"] > 0 and run["per_second"] > 0 and 0 < run["p50_ms"] <= run["p99_ms"], (name, run)
+        # every answer a 200 verdict: the fill's all allowed (two per user), the round's all refused
+        assert c["non_200"] == 0 and c["invalid"] == 0 and c["fill"]["non_200"] == 0, (name, c)
+        assert c["fill"]["allowed"] == 100 and c["fill"]["requests"] == 100, (name, c["fill"])
+        assert c["allowed"] == 0 and c["refused"] == run["requests"], (name, c)
+    assert contenders["gov_serve"]["check"].startswith("ok: no user over a cap"), contenders["gov_serve"]
+    assert contenders["gov_serve"]["x_baseline"] is None  # no --http-baseline
+    assert report["failures"] == []
+    # the scratch database is gone
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                            (report["settings"]["databases"]["gov_serve"],)).fetchall()
+    assert left == []

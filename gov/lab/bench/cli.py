@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.console import Console
 from gov.cli.common import option
 from gov.errors import GovError
 from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
+
+if TYPE_CHECKING:
+    from gov.lab.bench.http import HttpBenchConfig
 
 
 @click.command(context_settings={"show_default": True})
@@ -45,8 +49,10 @@ from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
     "--users",
     envvar="GOV_BENCH_USERS",
     type=click.IntRange(min=1),
-    default=10_000,
-    help="Population of the saturated and mixed workloads.",
+    default=None,
+    show_default="10,000; 2,000 with --http",
+    help="Population of the saturated and mixed workloads, of --campaign's audience, and of --http's "
+    "random users.",
 )
 @option(
     "--workload",
@@ -164,11 +170,49 @@ from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
     default=500,
     help="With --campaign: users per campaign transaction.",
 )
+@option(
+    "--http",
+    is_flag=True,
+    envvar="GOV_BENCH_HTTP",
+    help="Measure requests/s and latency at the door instead: gov serve's POST /internal/send against the "
+    "seeds' send path in a node:http server on a private redis-server (skipped, with the reason, without "
+    "node or npm), same load (P2 sends for --users random users), interleaved --rounds of --seconds.",
+)
+@option(
+    "--http-connections",
+    envvar="GOV_BENCH_HTTP_CONNECTIONS",
+    type=click.IntRange(min=1),
+    default=16,
+    help="With --http: keep-alive connections of the load client, one request in flight on each.",
+)
+@option(
+    "--http-client",
+    envvar="GOV_BENCH_HTTP_CLIENT",
+    type=click.Choice(["auto", "wrk", "python"]),
+    default="auto",
+    help="With --http: the load client; auto is wrk when it is on PATH, else gov's Python client.",
+)
+@option(
+    "--http-baseline",
+    envvar="GOV_BENCH_HTTP_BASELINE",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="With --http: also measure the gov serve of this gov checkout (e.g. a git worktree of an older "
+    "commit), on a database its own gov db upgrade migrated, as gov_serve_baseline.",
+)
+@option(
+    "--serve-arg",
+    "serve_args",
+    envvar="GOV_BENCH_SERVE_ARG",
+    multiple=True,
+    help="With --http: one more argument for this gov's `gov serve` command line (repeatable, in order; "
+    "not given to the baseline's).",
+)
 def bench(
     database_url: str | None,
     connections: int,
     seconds: float,
-    users: int,
+    users: int | None,
     workloads: tuple[str, ...],
     rounds: int,
     history: int,
@@ -184,11 +228,27 @@ def bench(
     campaign: bool,
     campaign_connections: int,
     batch: int,
+    http: bool,
+    http_connections: int,
+    http_client: str,
+    http_baseline: Path | None,
+    serve_args: tuple[str, ...],
 ) -> None:
     """Measure decisions per second: gov's decide against a SELECT 1 floor and the seeds' Redis scripts.
 
     Compare the × floor column within one run, never absolute figures across runs.
+    --delivery, --campaign and --http measure deliveries, campaign decisions and gov serve's
+    requests instead.
     """
+    if http:
+        from gov.lab.bench.http import HttpBenchConfig
+
+        _http(HttpBenchConfig(
+            database_url=database_url, seconds=seconds, rounds=rounds, users=users or 2000,
+            connections=http_connections, client=http_client, serve_args=serve_args, baseline=http_baseline,
+        ), json_path)
+        return
+    users = users or 10_000
     if delivery:
         _delivery(database_url, messages, workers, processes, verify, json_path)
         return
@@ -259,6 +319,28 @@ def _campaign(database_url: str | None, clients: int, campaign_connections: int,
         os.cpu_count()))
     if json_path is not None:
         json_path.write_text(json.dumps(report.as_json(), indent=2))
+
+
+def _http(cfg: HttpBenchConfig, json_path: Path | None) -> None:
+    import json
+
+    from gov.lab.bench.http import print_report, run_http_bench
+
+    try:
+        report = run_http_bench(cfg, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True))
+    except (GovError, BenchError, RuntimeError, OSError) as exc:
+        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        # the servers, the private redis-server and the scratch databases are already gone
+        click.echo("gov: interrupted", err=True)
+        sys.exit(130)
+    print_report(report, Console() if sys.stdout.isatty() else Console(width=160))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")
+    if report.failures:
+        click.echo(f"gov: error: a cap was exceeded: {'; '.join(report.failures)}", err=True)
+        sys.exit(1)
 
 
 def _delivery(database_url: str | None, messages: int, workers: int, processes: int | None, verify: bool,

@@ -111,7 +111,7 @@ class CountingPushService:
         self.port = int(line.split()[1])
         self.infos = [
             {"endpoint": f"http://127.0.0.1:{self.port}/push/{i}", "keys": keys}
-            for i, keys in zip(range(subscriptions), _browser_keys(subscriptions), strict=True)
+            for i, keys in zip(range(subscriptions), browser_keys(subscriptions), strict=True)
         ]
 
     def accepted(self) -> int:
@@ -137,7 +137,7 @@ class CountingPushService:
             self._proc.stdout.close()
 
 
-def _browser_keys(count: int, distinct: int = 16) -> list[dict[str, str]]:
+def browser_keys(count: int, distinct: int = 16) -> list[dict[str, str]]:
     """Valid subscription keys (P-256 points, 16-byte auth): the counting service decrypts
     nothing, so a few distinct keys, cycled, cost the senders exactly what real ones do."""
     from cryptography.hazmat.primitives import serialization

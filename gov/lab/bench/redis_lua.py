@@ -211,6 +211,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pong(address: tuple[str, int] | str, timeout: float = 0.2) -> bool:
+    """Whether a Redis server answers PING at ``address`` (host and port, or a Unix socket path).
+
+    A plain socket, not redis-py: the private server also serves ``gov bench --http``'s
+    Node.js contender, which must not need a Python Redis client.
+    """
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(address)
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class RedisEndpoints:
     """Where the private redis-server answers: a loopback port and a Unix socket."""
@@ -232,8 +249,6 @@ def own_redis_server(binary: str, *, startup_timeout: float = 10.0) -> Iterator[
     (no RDB snapshot, no AOF): the Redis figures are for a store that loses its windows on
     restart, so compare them with gov's ``async`` line as much as with the durable one.
     """
-    import redis
-
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="gov-bench-redis-") as tmp:
         sock = f"{tmp}/redis.sock"
@@ -251,6 +266,7 @@ def own_redis_server(binary: str, *, startup_timeout: float = 10.0) -> Iterator[
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # not Ctrl-C's to stop: the bench does, after its clients
         )  # fmt: skip
         try:
             endpoints = RedisEndpoints(f"redis://127.0.0.1:{port}/0", f"unix://{sock}?db=0")
@@ -259,15 +275,11 @@ def own_redis_server(binary: str, *, startup_timeout: float = 10.0) -> Iterator[
                 if proc.poll() is not None:
                     err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()
                     raise RuntimeError(f"redis-server exited at startup ({proc.returncode}): {err[-200:]}")
-                try:
-                    for url in (endpoints.tcp_url, endpoints.unix_url):
-                        with redis.Redis.from_url(url, socket_connect_timeout=0.2) as probe:
-                            probe.ping()
+                if _pong(("127.0.0.1", port)) and _pong(sock):
                     break
-                except (redis.ConnectionError, FileNotFoundError):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server did not answer on port {port}") from None
-                    time.sleep(0.05)  # polling a child's startup, not a test waiting for time
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not answer on port {port}")
+                time.sleep(0.05)  # polling a child's startup, not a test waiting for time
             yield endpoints
         finally:
             proc.terminate()
