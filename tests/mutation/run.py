@@ -164,6 +164,54 @@ MUTANTS = [
             "tests/integration/test_segments.py::test_a_users_own_cap_lowers_the_segment_cap_and_never_raises",
         ),
     ),
+    Mutant(
+        "k_batch_sets_aside_a_tier_that_holds",
+        "gov.send_batch_v1 decides a deferring or collapsing tier's messages together: its held ones never queue",
+        (
+            ("sql/schema/20_decide.sql", "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
+             "JOIN gov.tiers t ON t.tier = msg.t", 1),
+            ("sql/migrations/0024_send_batch.sql",
+             "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
+             "JOIN gov.tiers t ON t.tier = msg.t", 1),
+        ),
+        ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
+    ),
+    Mutant(
+        "l_batch_failure_fails_every_message",
+        "AsyncGovernor.send_batch gives a failed batch's error to all its messages instead of sending each alone",
+        (
+            ("gov/aio.py", "results[i] = await self.send(messages[i], at=now, deliver=False)", "results[i] = exc", 1),
+        ),
+        (
+            "tests/integration/test_aio.py::test_a_failing_message_in_a_batch_leaves_the_others_their_verdicts",
+            "tests/acceptance/test_serve_batch.py::test_a_batch_with_a_failing_message_answers_the_others",
+        ),
+    ),
+    Mutant(
+        "m_batch_stores_the_tiers_ttl",
+        "gov.send_batch_v1 stores a plain message's content with its tier's TTL, not the message's own",
+        (
+            ("sql/schema/20_decide.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
+             "SELECT t.default_ttl_s AS ttl_s", 1),
+            ("sql/migrations/0024_send_batch.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
+             "SELECT t.default_ttl_s AS ttl_s", 1),
+        ),
+        ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
+    ),
+    Mutant(
+        "n_door_answers_before_the_commit",
+        "the batcher answers a send before its batch has run (a verdict no row backs)",
+        (
+            ("gov/aio.py", "        queue.put_nowait((message, future, time.monotonic()))\n        return await future",
+             "        queue.put_nowait((message, future, time.monotonic()))\n"
+             "        return SendResult(Decision(allowed=True))", 1),
+        ),
+        (
+            "tests/acceptance/test_serve_batch.py"
+            "::test_kill_9_under_load_loses_no_answered_decision_and_a_retry_gets_the_committed_verdict",
+            "tests/integration/test_aio.py::test_twenty_concurrent_sends_grouped_by_the_batcher_are_exact",
+        ),
+    ),
 ]
 
 
