@@ -129,7 +129,7 @@ class Decision:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Decision:
         """The decision in a row that holds its columns by name (and maybe others)."""
-        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})
+        return cls(**{name: row[name] for name in _DECISION_FIELDS if name in row})
 
     def as_send_json(self) -> dict[str, Any]:
         """The seeds' send shape: ``{"sent": true}`` or ``{"sent": false, "action", "reason"}``."""
@@ -147,3 +147,6 @@ class Decision:
             "reason": self.reason,
             "retry_after_ms": self.retry_after_ms,
         }
+
+
+_DECISION_FIELDS = tuple(f.name for f in fields(Decision))  # once: from_row runs per verdict

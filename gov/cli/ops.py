@@ -209,8 +209,9 @@ def check(
         "database is busy with another batch (0: only those already waiting).")
 @option("--batch-max", envvar="GOV_SERVE_BATCH_MAX", type=click.IntRange(1, 1000), default=64,
         help="Sends decided together at most (every user lock of a batch is held until it commits).")
-@option("--batch-concurrency", envvar="GOV_SERVE_BATCH_CONCURRENCY", type=click.IntRange(1, 256), default=4,
-        help="Batches decided at once per process, one database connection each.")
+@option("--batch-concurrency", envvar="GOV_SERVE_BATCH_CONCURRENCY", type=click.IntRange(1, 256), default=2,
+        help="Batches decided at once per process, one database connection each (more: smaller batches; "
+        "one: a batch waiting on a user's lock holds up every send).")
 @option("--access-log", is_flag=True, help="Log every request.")
 @option("--demo", is_flag=True, envvar="GOV_SERVE_DEMO",
         help="Also serve /demo: subscribe this browser and send it a test notification (needs GOV_API_TOKEN).")

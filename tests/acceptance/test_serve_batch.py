@@ -203,3 +203,51 @@ def test_bad_batch_settings_are_one_line_before_anything_starts(db_url: str) -> 
                                 env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, result.stderr
         assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+REQUESTS: list[tuple[bytes, dict[str, str]]] = [
+    (b'{"userId":"d1","tier":"P2","id":"m1","title":"hi"}', AUTH),
+    (b'{"userId":"d1","tier":"P2","id":"m1","title":"hi"}', AUTH),  # a retry: the first verdict
+    (b'{"userId":"d1","tier":"P2","id":"m2","title":"hi"}', AUTH),
+    (b'{"userId":"d1","tier":"P2","id":"m3","title":"hi"}', AUTH),  # over the cap
+    (b'{"userId":"d2","tier":"P0","id":"otp","title":"code"}', AUTH),
+    (b'{"userId":"d3","tier":"P9","id":"m","title":"no such tier"}', AUTH),
+    (b'{"userId":"d3","tier":"P2","id":"m"}', AUTH),  # no title
+    (b'{"userId":"d3","tier":"P2","id":"m","title":"t","ttl":NaN}', AUTH),
+    (b'{"userId":"d\\ud800","tier":"P2","id":"m","title":"t"}', AUTH),  # a lone surrogate
+    (b'{"userId":"d3","tier":"P2","id":"m","title":"t","extra":1}', AUTH),
+    (b'{"userId":"d3","tier":"P2","id":"m","title":"' + b"x" * 5000 + b'"}', AUTH),  # over one record
+    (b'not json', AUTH),
+    (b'', AUTH),
+    (b'{"userId":"d3","tier":"P2","id":"m","title":"t"}', {"Content-Type": "application/json"}),  # no token
+    (b'{"userId":"d3","tier":"P2","id":"m","title":"t"}', {**AUTH, "Authorization": "Basic " + TOKEN}),
+    (b'[1, 2]', AUTH),
+]
+
+
+def test_the_door_answers_every_request_as_the_route_does(databases: Any) -> None:
+    """The same requests through the FastAPI app alone and through gov serve's door in
+    front of it (each on a database of its own): the same status and body, every one."""
+    import warnings
+
+    from gov import Governor
+    from gov.http.app import asgi, create_app
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Using `httpx` with `starlette.testclient` is deprecated")
+        from starlette.testclient import TestClient
+
+    answers = []
+    for front in (lambda app: app, asgi):
+        url = databases.clone()
+        try:
+            with Governor(url, pool_size=1) as governor, TestClient(front(create_app(governor, TOKEN))) as client:
+                answers.append([(r.status_code, r.content) for r in
+                                (client.post("/internal/send", content=body, headers=headers)
+                                 for body, headers in REQUESTS)])
+        finally:
+            databases.drop(url)
+    route, door = answers
+    assert door == route
+    assert [status for status, _ in route] == [200, 200, 200, 200, 200, 422, 422, 400, 422, 422, 422, 400, 400,
+                                               401, 401, 422], route
