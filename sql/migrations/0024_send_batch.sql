@@ -366,6 +366,16 @@ BEGIN
             RETURN NEXT v_name || ': distributed by user_id';
         END IF;
     END LOOP;
+    -- The schema revision, on every node: gov dispatch, gov release and gov serve check it at
+    -- start, and a client may enter the cluster at any node (a multi-host URL). Alembic
+    -- keeps updating it through the coordinator.
+    IF to_regclass('public.gov_alembic_version') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_dist_partition p
+                        WHERE p.logicalrelid = to_regclass('public.gov_alembic_version')) THEN
+        PERFORM create_reference_table('public.gov_alembic_version');
+        v_moved := v_moved || 'public.gov_alembic_version'::text;
+        RETURN NEXT 'public.gov_alembic_version: reference table';
+    END IF;
     -- the rows now live in the shards; the coordinator's local copies go once no local
     -- table's foreign key points at them any more
     FOREACH v_name IN ARRAY v_moved LOOP
