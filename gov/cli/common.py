@@ -81,6 +81,22 @@ def duration(value: str, what: str) -> timedelta:
         raise GovError(str(exc)) from None
 
 
+def check_output_path(path: Path | None, option_name: str) -> None:
+    """A file the command writes at its end, checked at its start: a long run (a bench, a
+    simulation) must not end in "cannot write" after minutes of work. A usage error."""
+    if path is None:
+        return
+    import os
+
+    where = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a directory", param_hint=f"'{option_name}'")
+    if not where.is_dir():
+        raise click.BadParameter(f"{where} is not a directory", param_hint=f"'{option_name}'")
+    if not os.access(path if path.exists() else where, os.W_OK):
+        raise click.BadParameter(f"{path} is not writable", param_hint=f"'{option_name}'")
+
+
 def read_stream(stream: IO[bytes], what: str) -> str:
     """A binary stream's whole text as UTF-8; anything else is a one-line GovError."""
     try:

@@ -28,6 +28,17 @@ def vapid_generate(path: Path) -> None:
 
 
 
+def deadlines_or_usage_error(lease: float, timeout: float) -> None:
+    """``--lease`` and ``--timeout`` as a runner would check them, as a usage error (exit 2)."""
+    from gov.delivery.deadlines import check_deadlines
+    from gov.errors import ConfigurationError
+
+    try:
+        check_deadlines(lease, timeout)
+    except ConfigurationError as exc:
+        raise click.UsageError(f"--timeout/--lease: {exc}") from None
+
+
 @click.command()
 @option("--once", is_flag=True, help="Deliver what is due now, then exit (for cron and tests).")
 @option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests per process.")
@@ -53,10 +64,14 @@ def dispatch(
     """
     import os
 
+    # Every check before the first fork: a bad option in a forked runner is a traceback per
+    # process and a misleading "a runner process failed" (issue 31).
+    deadlines_or_usage_error(lease, timeout)
+    signer = load_signer()
+
     from gov.delivery.processes import run_dispatchers
     from gov.delivery.runner import Dispatcher
 
-    signer = load_signer()
     url = dsn(database_url, check_schema=True)
     count = processes or os.cpu_count() or 1
     if metrics_port is not None:  # before the processes start: the server sums them all (gov.ops.metrics.expose)
