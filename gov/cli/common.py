@@ -43,19 +43,36 @@ def dsn(url: str | None, *, check_schema: bool = False) -> str:
     named by the user is never migrated behind their back; with ``check_schema`` (the
     long-running commands: dispatch, release, serve) it must be at this code's head, or
     the command refuses with one line naming both revisions (gov.SchemaMismatch)."""
+    if url is not None and not check_schema:
+        from gov.db import resolve_url
+
+        return resolve_url(url)
+    with checked_connection(url) as (resolved, _conn):
+        return resolved
+
+
+@contextmanager
+def checked_connection(url: str | None) -> Iterator[tuple[str, psycopg.Connection[Any]]]:
+    """The database to use (as :func:`dsn` with ``check_schema``) and one autocommit
+    connection to it, on which its revision was read: the cron path (``gov dispatch
+    --once``, ``gov release --once``) checks the schema and does its work on that one
+    connection. Alembic is imported only when the embedded server needs migrating."""
+    import psycopg
+
     from gov.db import resolve_url, translate_errors
+    from gov.schema_version import check_head, code_head, revision_of
 
     with translate_errors():
         resolved = resolve_url(url)
-        if url is None:
-            from gov import migrate
+        with psycopg.connect(resolved, autocommit=True) as conn:
+            have = revision_of(conn)
+            if have != code_head():
+                if url is not None:
+                    check_head(have)  # raises: not ours to migrate
+                from gov import migrate
 
-            migrate.upgrade(resolved)
-        elif check_schema:
-            from gov.schema_version import require_head
-
-            require_head(resolved)
-    return resolved
+                migrate.upgrade(resolved)
+            yield resolved, conn
 
 
 def parse_at(value: str | None) -> datetime | None:
