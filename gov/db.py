@@ -20,14 +20,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import psycopg_pool
+
+if TYPE_CHECKING:
+    # imported where a pool is made (Source, AsyncSource): a command that needs one
+    # connection (the cron path) does not pay for the pool package
+    import psycopg_pool
 
 from gov.errors import ConnectionLost, DatabaseError, InvalidInput, InvalidMessage, PolicyError, PoolTimeout
 
@@ -49,9 +54,9 @@ def translate_errors() -> Iterator[None]:
     """The one place driver errors become the package's own exceptions."""
     try:
         yield
-    except psycopg_pool.PoolTimeout as exc:
-        raise PoolTimeout(f"no database connection free within the pool timeout: {exc}") from exc
     except psycopg.Error as exc:
+        if _is_pool_timeout(exc):
+            raise PoolTimeout(f"no database connection free within the pool timeout: {exc}") from exc
         diag = getattr(exc, "diag", None)
         sqlstate = getattr(exc, "sqlstate", None)
         primary = diag.message_primary if diag is not None and diag.message_primary else str(exc)
@@ -61,6 +66,12 @@ def translate_errors() -> Iterator[None]:
         if _is_connection_loss(exc):
             raise ConnectionLost(f"database connection lost: {primary}".strip()) from exc
         raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
+
+
+def _is_pool_timeout(exc: psycopg.Error) -> bool:
+    """psycopg_pool's timeout (an OperationalError); with no pool package loaded, no pool raised it."""
+    pool = sys.modules.get("psycopg_pool")
+    return pool is not None and isinstance(exc, pool.PoolTimeout)
 
 
 def _is_connection_loss(exc: psycopg.Error) -> bool:
@@ -93,6 +104,8 @@ class Source:
         pool_size: int = DEFAULT_POOL_SIZE,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
+        import psycopg_pool
+
         self._owned_pool: psycopg_pool.ConnectionPool | None = None
         self._pool: psycopg_pool.ConnectionPool | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -222,6 +235,8 @@ class AsyncSource:
         pool_size: int = DEFAULT_POOL_SIZE,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
+        import psycopg_pool
+
         self._owned_pool: psycopg_pool.AsyncConnectionPool | None = None
         self._pool: psycopg_pool.AsyncConnectionPool | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None

@@ -15,7 +15,8 @@ from gov.db import sqlalchemy_url
 from gov.queries import sql_dir
 from gov.schema_version import VERSION_TABLE, alembic_dir, require_head
 
-__all__ = ["VERSION_TABLE", "alembic_dir", "current", "downgrade", "head", "pending", "require_head", "upgrade"]
+__all__ = ["VERSION_TABLE", "alembic_dir", "current", "downgrade", "head", "pending", "require_head", "revisions",
+           "upgrade"]
 
 T = TypeVar("T")
 
@@ -79,6 +80,12 @@ def head() -> str:
     heads = script.get_heads()
     assert len(heads) == 1, f"migrations have {len(heads)} heads: {heads}"
     return heads[0]
+
+
+def revisions() -> list[str]:
+    """Every revision this code ships, oldest first: each one a release a database may be at."""
+    script = ScriptDirectory.from_config(_config(None))
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
 
 
 def current(url: str) -> str | None:

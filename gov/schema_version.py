@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 VERSION_TABLE = "gov_alembic_version"  # in the public schema (alembic/env.py)
 
@@ -46,24 +50,38 @@ def code_head() -> str:
 def database_revision(url: str) -> str | None:
     """The revision the database is at (None: gov was never installed there)."""
     import psycopg
-    from psycopg import sql
 
     from gov.db import translate_errors
 
-    query = sql.SQL("SELECT version_num FROM public.{}").format(sql.Identifier(VERSION_TABLE))
     with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
-        try:
-            row = conn.execute(query).fetchone()
-        except psycopg.errors.UndefinedTable:
-            return None
+        return revision_of(conn)
+
+
+def revision_of(conn: psycopg.Connection[Any]) -> str | None:
+    """The revision of the database ``conn`` is connected to (None: gov is not installed).
+    The connection must be in autocommit mode or able to roll back: a missing table is an
+    error PostgreSQL ends the transaction for."""
+    import psycopg
+    from psycopg import sql
+
+    query = sql.SQL("SELECT version_num FROM public.{}").format(sql.Identifier(VERSION_TABLE))
+    try:
+        row = conn.execute(query).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return None
     return row[0] if row else None
 
 
 def require_head(url: str) -> None:
     """Raise :class:`gov.SchemaMismatch` unless the database is at :func:`code_head`."""
+    check_head(database_revision(url))
+
+
+def check_head(have: str | None) -> None:
+    """Raise :class:`gov.SchemaMismatch` unless ``have`` (a database's revision) is :func:`code_head`."""
     from gov.errors import SchemaMismatch
 
-    have, want = database_revision(url), code_head()
+    want = code_head()
     if have != want:
         raise SchemaMismatch(
             f"database schema is at revision {have or '(none: gov is not installed)'}, this gov needs {want}: "

@@ -36,3 +36,17 @@ UPDATE gov.subscriptions
    SET retired_at = now(), retired_reason = %(reason)s
  WHERE user_id = %(user_id)s AND id = %(id)s AND retired_at IS NULL
 RETURNING id;
+
+-- name: outbox_due
+-- Is any outbox row due for a claim now? The condition of gov.claim_outbox_v3's claim
+-- (keep the two equal: a "no" here skips the runner), over the partial index outbox_due;
+-- `gov dispatch --once` asks it first, so a cron run on an empty outbox starts no runner.
+-- now(), not clock_timestamp(): one statement in autocommit, and Citus pushes a stable call
+-- down to the shards.
+SELECT EXISTS (
+    SELECT 1
+      FROM gov.outbox o
+     WHERE o.state IN ('pending', 'sending')
+       AND ((o.state = 'pending' AND o.next_attempt_at <= now())
+         OR (o.state = 'sending' AND o.lease_until <= now()))
+);

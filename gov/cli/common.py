@@ -43,19 +43,36 @@ def dsn(url: str | None, *, check_schema: bool = False) -> str:
     named by the user is never migrated behind their back; with ``check_schema`` (the
     long-running commands: dispatch, release, serve) it must be at this code's head, or
     the command refuses with one line naming both revisions (gov.SchemaMismatch)."""
+    if url is not None and not check_schema:
+        from gov.db import resolve_url
+
+        return resolve_url(url)
+    with checked_connection(url) as (resolved, _conn):
+        return resolved
+
+
+@contextmanager
+def checked_connection(url: str | None) -> Iterator[tuple[str, psycopg.Connection[Any]]]:
+    """The database to use (as :func:`dsn` with ``check_schema``) and one autocommit
+    connection to it, on which its revision was read: the cron path (``gov dispatch
+    --once``, ``gov release --once``) checks the schema and does its work on that one
+    connection. Alembic is imported only when the embedded server needs migrating."""
+    import psycopg
+
     from gov.db import resolve_url, translate_errors
+    from gov.schema_version import check_head, code_head, revision_of
 
     with translate_errors():
         resolved = resolve_url(url)
-        if url is None:
-            from gov import migrate
+        with psycopg.connect(resolved, autocommit=True) as conn:
+            have = revision_of(conn)
+            if have != code_head():
+                if url is not None:
+                    check_head(have)  # raises: not ours to migrate
+                from gov import migrate
 
-            migrate.upgrade(resolved)
-        elif check_schema:
-            from gov.schema_version import require_head
-
-            require_head(resolved)
-    return resolved
+                migrate.upgrade(resolved)
+            yield resolved, conn
 
 
 def parse_at(value: str | None) -> datetime | None:
@@ -79,6 +96,22 @@ def duration(value: str, what: str) -> timedelta:
         return timedelta(milliseconds=parse_duration(value, what))
     except ValueError as exc:
         raise GovError(str(exc)) from None
+
+
+def check_output_path(path: Path | None, option_name: str) -> None:
+    """A file the command writes at its end, checked at its start: a long run (a bench, a
+    simulation) must not end in "cannot write" after minutes of work. A usage error."""
+    if path is None:
+        return
+    import os
+
+    where = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise click.BadParameter(f"{path} is a directory", param_hint=f"'{option_name}'")
+    if not where.is_dir():
+        raise click.BadParameter(f"{where} is not a directory", param_hint=f"'{option_name}'")
+    if not os.access(path if path.exists() else where, os.W_OK):
+        raise click.BadParameter(f"{path} is not writable", param_hint=f"'{option_name}'")
 
 
 def read_stream(stream: IO[bytes], what: str) -> str:

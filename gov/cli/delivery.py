@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from gov.cli.common import dsn, option, parse_at, url_option
+from gov.cli.common import checked_connection, dsn, option, parse_at, url_option
 from gov.cli.common import signer as load_signer
 
 
@@ -26,6 +28,17 @@ def vapid_generate(path: Path) -> None:
     click.echo(generate_keypair(path))
     click.echo(f"gov: private key written to {path}; set GOV_VAPID_PRIVATE_KEY={path}", err=True)
 
+
+
+def deadlines_or_usage_error(lease: float, timeout: float) -> None:
+    """``--lease`` and ``--timeout`` as a runner would check them, as a usage error (exit 2)."""
+    from gov.delivery.deadlines import check_deadlines
+    from gov.errors import ConfigurationError
+
+    try:
+        check_deadlines(lease, timeout)
+    except ConfigurationError as exc:
+        raise click.UsageError(f"--timeout/--lease: {exc}") from None
 
 
 @click.command()
@@ -53,11 +66,23 @@ def dispatch(
     """
     import os
 
+    # Every check before the first fork: a bad option in a forked runner is a traceback per
+    # process and a misleading "a runner process failed" (issue 31).
+    deadlines_or_usage_error(lease, timeout)
+    signer = load_signer()
+    # The cron path: one connection reads the schema revision and, with --once, whether
+    # anything is due at all; an empty outbox then costs no runner (no HTTP and encryption
+    # code imported, no pool, no fork). The probe asks the claim's own condition, so it
+    # never says "nothing" while a claim would find a row.
+    with checked_connection(database_url) as (url, conn):
+        due = not once or outbox_due(conn)
+    if not due:
+        click.echo(json.dumps({"attempts": 0, "outcomes": {}}))
+        return
+
     from gov.delivery.processes import run_dispatchers
     from gov.delivery.runner import Dispatcher
 
-    signer = load_signer()
-    url = dsn(database_url, check_schema=True)
     count = processes or os.cpu_count() or 1
     if metrics_port is not None:  # before the processes start: the server sums them all (gov.ops.metrics.expose)
         from gov.ops.metrics import expose
@@ -79,6 +104,32 @@ def dispatch(
         sys.exit(1)
 
 
+def outbox_due(conn: Any) -> bool:
+    """Whether any outbox row is due for a claim now (``gov dispatch --once`` asks first)."""
+    from gov.queries import q
+
+    row = conn.execute(q("outbox_due")).fetchone()
+    return bool(row and row[0])
+
+
+class DispatcherWhenNeeded:
+    """A :class:`~gov.delivery.runner.Dispatcher` built at its first use: a release that
+    queues nothing imports no HTTP or encryption code and opens no pool for it."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._runner: Any = None
+
+    def run_once(self, **kwargs: Any) -> Any:
+        if self._runner is None:
+            self._runner = self._make()
+        return self._runner.run_once(**kwargs)
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+
 @click.command()
 @option("--once", is_flag=True, help="Release what is due now, then exit (for cron).")
 @option("--batch", type=click.IntRange(1, 10_000), default=200, help="Held messages per transaction.")
@@ -91,19 +142,29 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
     import signal
     import threading
 
-    from gov.delivery.runner import Dispatcher
     from gov.hold.release import Releaser
 
     when = parse_at(at)
     clock = (lambda: when) if when is not None else None
-    url = dsn(database_url, check_schema=True)
-    runner = Dispatcher(url, load_signer(), workers=4, clock=clock) if dispatch else None
+    signer = load_signer() if dispatch else None  # a missing key is refused before any work
+
+    def make_dispatcher() -> Any:
+        from gov.delivery.runner import Dispatcher
+
+        assert signer is not None  # made only when there is one
+        return Dispatcher(url, signer, workers=4, clock=clock)
+
+    runner = DispatcherWhenNeeded(make_dispatcher) if signer is not None else None
     try:
-        releaser = Releaser(runner.source if runner else url, dispatcher=runner, batch=batch, clock=clock)
         if once:
-            stats = releaser.run_once()
+            # the schema check and the release on one connection (autocommit: each batch
+            # is its own transaction, as through a pool)
+            with checked_connection(database_url) as (url, conn):
+                stats = Releaser(conn, dispatcher=runner, batch=batch, clock=clock).run_once()
             click.echo(json.dumps({"released": dict(stats.outcomes), "delivered": stats.delivered}))
             return
+        url = dsn(database_url, check_schema=True)
+        releaser = Releaser(url, dispatcher=runner, batch=batch, clock=clock)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:

@@ -1,7 +1,9 @@
 """The `gov` command group: a thin shell over the library.
 
-Data goes to stdout, messages to stderr; a failure is one line on stderr and exit 1.
-Every option can come from a GOV_* environment variable (shown in --help).
+Data goes to stdout, messages to stderr; a failure is one line on stderr, ``gov: error: …``,
+and exit 1, or exit 2 for a usage error (a bad option or combination of options), checked
+before any work starts. Every option can come from a GOV_* environment variable (shown in
+--help).
 
 Each command lives in the module of its concern and is imported only when it runs:
 `gov decide` loads neither Alembic, the simulator, the benches nor the web server, and
@@ -79,7 +81,8 @@ def load(name: str) -> click.Command:
 
 class _Main(click.Group):
     """Loads a command on first use, lists all without loading them, and turns gov's own
-    errors into one line on stderr and exit 1 (no traceback)."""
+    errors into one line on stderr and exit 1, and click's usage errors into one line
+    and exit 2 (no traceback, no usage block: a cron mail or a log shows the cause)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -102,6 +105,11 @@ class _Main(click.Group):
         except GovError as exc:
             click.echo(f"gov: error: {exc}", err=True)
             sys.exit(1)
+        except click.ClickException as exc:  # a usage error (2) or a file click could not open (1)
+            where = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx is not None else None
+            hint = f" (see {where} --help)" if where else ""
+            click.echo(f"gov: error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(exc.exit_code)
 
 
 @click.group(cls=_Main, context_settings={"auto_envvar_prefix": "GOV", "show_default": True})

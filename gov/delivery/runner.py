@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import socket
@@ -50,20 +49,18 @@ from typing import Any
 from psycopg.rows import class_row
 
 from gov.db import Source
+from gov.delivery.deadlines import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, LEASE_MARGIN_S, check_deadlines
 from gov.delivery.netguard import EndpointGuard, EndpointRefused
 from gov.delivery.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
 from gov.delivery.pushclient import PushClient
 from gov.delivery.subscription import Subscription, origin_of
 from gov.delivery.vapid import VapidSigner
-from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, GovError, InvalidMessage, PoolTimeout
+from gov.errors import ConnectionLost, DatabaseError, GovError, InvalidMessage, PoolTimeout
 from gov.ops import metrics
 from gov.queries import q
 
 log = logging.getLogger("gov.delivery.runner")
 
-DEFAULT_LEASE_S = 60.0  # seconds a claimed row stays ours before another runner may take it
-DEFAULT_TIMEOUT_S = 10.0  # seconds for a whole attempt (connect, send, read): never infinite (WEBPUSH.md 11)
-LEASE_MARGIN_S = 1.0  # at most this much of a lease is kept back for recording the batch
 DEFAULT_WORKERS = 8  # concurrent HTTP requests per runner: throughput comes from concurrency
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_BACKOFF_MS = 1000  # first retry after about a second, doubling
@@ -487,18 +484,6 @@ class Dispatcher:
             "backoff_cap_ms": self.backoff_cap_ms,
             "now": self._now(),
         }
-
-
-def check_deadlines(lease_s: float, timeout_s: float) -> None:
-    """Refuse a runner whose attempts could outlive their lease (invariant 12)."""
-    for name, value in (("lease", lease_s), ("timeout", timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-            raise ConfigurationError(f"{name}: must be finite seconds > 0 (got {value!r})")
-    if timeout_s >= lease_s:
-        raise ConfigurationError(
-            f"timeout {timeout_s:g} s must be shorter than the lease {lease_s:g} s: an attempt must end "
-            "before another runner may claim its row"
-        )
 
 
 def _by_subscription(rows: list[_Claimed]) -> list[list[_Claimed]]:

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gov.delivery.netguard import EndpointGuard
 from gov.errors import InvalidSubscription
 
 MAX_ENDPOINT_LENGTH = 2048
@@ -176,7 +175,11 @@ def _check_endpoint(endpoint: object, allow_loopback_http: bool) -> str:
         raise InvalidSubscription("endpoint: must not contain a fragment (#...)")
     # Where it may point (invariant 13): https on 443 to a public address, from the text
     # alone here; a host name is resolved and checked where the subscription is stored
-    # (Governor.subscribe) and again by the runner when it connects.
+    # (Governor.subscribe) and again by the runner when it connects. Imported here: the
+    # guard brings requests and urllib3, which a command that only loads the VAPID key
+    # (gov.delivery.vapid uses this module's base64 helpers) should not pay for.
+    from gov.delivery.netguard import EndpointGuard
+
     EndpointGuard.from_env(allow_loopback_http).check_url(endpoint, resolve=False)
     return endpoint
 

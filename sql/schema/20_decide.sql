@@ -903,3 +903,74 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- ---------------------------------------------------------------- released names, kept (invariant 16)
+
+-- gov.decide_many_v1 (migration 0005), replaced by gov.decide_many_v2 (one shard's users
+-- per call) in migration 0016: the same decisions, its users split by shard
+-- (gov.shard_groups_v1) and each group decided by decide_many_v2 at one moment, the rows
+-- in user order as v1 gave them. On a Citus cluster this runs on the coordinator (it has
+-- no shard key to be delegated by); decide_many_v2 decides there one user at a time, each
+-- under the user's row lock (gov.cluster_user_lock), so the caps hold: slower, not wrong.
+CREATE FUNCTION gov.decide_many_v1(
+    p_user_ids    text[],
+    p_message_id  text,
+    p_tier        text,
+    p_topic       text DEFAULT NULL,
+    p_campaign_id text DEFAULT NULL,
+    p_now         timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id        text,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    used           integer,
+    cap            integer,
+    retry_after_ms bigint,
+    repeated       boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    RETURN QUERY
+    SELECT d.user_id, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, d.repeated
+      FROM gov.shard_groups_v1(p_user_ids) g
+     CROSS JOIN LATERAL gov.decide_many_v2(g.shard_key, g.user_ids, p_message_id, p_tier, p_topic,
+                                           p_campaign_id, v_now) d
+     ORDER BY d.user_id;
+END;
+$$;
+
+-- gov.send_many_v1 (migration 0005), replaced by gov.send_many_v2 in migration 0016: as
+-- gov.decide_many_v1 above, over send_many_v2.
+CREATE FUNCTION gov.send_many_v1(
+    p_user_ids     text[],
+    p_message_id   text,
+    p_tier         text,
+    p_topic        text,
+    p_campaign_id  text,
+    p_content      jsonb,
+    p_collapse_key text,
+    p_ttl_s        integer,
+    p_now          timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id    text,
+    allowed    boolean,
+    action     text,
+    reason     text,
+    repeated   boolean,
+    outbox_ids bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+BEGIN
+    RETURN QUERY
+    SELECT s.user_id, s.allowed, s.action, s.reason, s.repeated, s.outbox_ids
+      FROM gov.shard_groups_v1(p_user_ids) g
+     CROSS JOIN LATERAL gov.send_many_v2(g.shard_key, g.user_ids, p_message_id, p_tier, p_topic, p_campaign_id,
+                                         p_content, p_collapse_key, p_ttl_s, v_now) s
+     ORDER BY s.user_id;
+END;
+$$;

@@ -304,3 +304,22 @@ BEGIN
        AND d.collapsed_into = p_row.message_id;
 END;
 $$;
+
+-- ---------------------------------------------------------------- released names, kept (invariant 16)
+
+-- gov.release_due_v1 (migration 0004), replaced by gov.release_due_v2 (one shard per
+-- call) in migration 0016: on one server, the one shard's due rows, as before. On a Citus
+-- cluster a release must run on the worker that holds its shard (SKIP LOCKED holds within
+-- a node only), and only a call delegated by its shard key gets there: this one refuses,
+-- with what to call instead. v1 never ran on a cluster (Citus came with 0016).
+CREATE FUNCTION gov.release_due_v1(p_limit integer, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF gov.distributed() THEN
+        RAISE EXCEPTION 'gov.release_due_v1 releases on one server only: on a Citus cluster call '
+                        'gov.release_due_v2 once per shard key of gov.shard_keys_v1()' USING ERRCODE = '0A000';
+    END IF;
+    RETURN QUERY SELECT * FROM gov.release_due_v2(NULL, p_limit, p_now);
+END;
+$$;

@@ -39,6 +39,10 @@ class Mutant:
 
 OLD_SEGMENT_GUARD = "\n             WHERE old.segment IS NULL OR old.segment IN ('engaged', 'casual', 'dormant')) c;"
 HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
+SURFACE_TEST = "tests/migration/test_sql_surface.py"
+SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
+SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
+SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
     Mutant(
@@ -210,6 +214,29 @@ MUTANTS = [
             "tests/acceptance/test_serve_batch.py"
             "::test_kill_9_under_load_loses_no_answered_decision_and_a_retry_gets_the_committed_verdict",
             "tests/integration/test_aio.py::test_twenty_concurrent_sends_grouped_by_the_batcher_are_exact",
+        ),
+    ),
+    Mutant(
+        "o_surface_function_dropped",
+        "the newest migration drops a released function (gov.subscribe_v1) after creating it",
+        (
+            ("sql/schema/40_delivery.sql", SUBSCRIBE_V1_BODY, SUBSCRIBE_V1_BODY + SUBSCRIBE_V1_DROP, 1),
+            ("sql/migrations/0025_sql_surface.sql", SUBSCRIBE_V1_BODY, SUBSCRIBE_V1_BODY + SUBSCRIBE_V1_DROP, 1),
+        ),
+        (f"{SURFACE_TEST}::test_after_an_upgrade_from_every_release_the_surface_answers",),
+    ),
+    Mutant(
+        "p_surface_signature_changed",
+        "the newest migration gives a released function (gov.subscribe_v1) another result type",
+        (
+            ("sql/schema/40_delivery.sql", SUBSCRIBE_V1_HEAD + "RETURNS bigint",
+             SUBSCRIBE_V1_HEAD + "RETURNS numeric", 1),
+            ("sql/migrations/0025_sql_surface.sql", SUBSCRIBE_V1_HEAD + "RETURNS bigint",
+             SUBSCRIBE_V1_HEAD + "RETURNS numeric", 1),
+        ),
+        (
+            f"{SURFACE_TEST}::test_after_an_upgrade_from_every_release_the_surface_answers",
+            f"{SURFACE_TEST}::test_a_released_signature_never_changes",
         ),
     ),
 ]

@@ -9,6 +9,7 @@ A failure is one line, ``gov: error: …``, and exit 1.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from gov.cli.common import option
+from gov.cli.common import check_output_path, option
 from gov.errors import GovError
 from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
 
@@ -240,6 +241,11 @@ def bench(
     --delivery, --campaign and --http measure deliveries, campaign decisions and gov serve's
     requests instead.
     """
+    # before any scratch database, embedded server or client process exists
+    check_output_path(json_path, "--json")
+    if delivery and not verify and shutil.which("node") is None:
+        raise click.UsageError("--delivery: the counting push service needs Node.js (`node` on PATH); "
+                               "or bench on the verifying Python service with --verify")
     if http:
         from gov.lab.bench.http import HttpBenchConfig
 

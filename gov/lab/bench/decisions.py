@@ -20,7 +20,6 @@ scratch database (truncate, prefill, history), never part of a decision.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import multiprocessing
 import os
@@ -543,17 +542,45 @@ def _windows_text(consumes: Sequence[TierWindows]) -> str:
     )
 
 
+REDIS_HINT = "pip install 'gov[dev]' (or pip install redis hiredis)"
+
+
+def redis_contenders(asked: bool | None, progress: Callable[[str], None]) -> str | None:
+    """The redis-server to measure the seeds' Redis scripts on, or None not to: as
+    ``asked`` (``--redis``/``--no-redis``), or by default whenever redis-server is on PATH
+    and redis-py imports. Asked for and impossible is an error; by default a missing half
+    skips the contenders, redis-py's with one line saying how to add it (it is a dev extra,
+    not a dependency of gov)."""
+    if asked is False:
+        return None
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        client_missing = True
+    else:
+        client_missing = False
+    binary = redis_server_path()
+    if asked:
+        if client_missing:
+            raise BenchError(f"--redis: redis-py is not installed ({REDIS_HINT})")
+        if binary is None:
+            raise BenchError("--redis: redis-server is not on PATH")
+        return binary
+    if binary is None:
+        return None
+    if client_missing:
+        progress(f"the Redis contenders are skipped: redis-server is on PATH but redis-py is not installed; "
+                 f"to add them: {REDIS_HINT}")
+        return None
+    return binary
+
+
 def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -> Report:
     """Measure every contender on every workload of ``cfg``; ``progress`` hears each step."""
     if cfg.connections < 1 or cfg.seconds <= 0 or cfg.users < 1 or cfg.history < 0 or cfg.rounds < 1:
         raise BenchError("connections, users and rounds must be at least 1, seconds above 0, history not negative")
-    redis_binary = redis_server_path()
-    use_redis = cfg.redis if cfg.redis is not None else redis_binary is not None
-    if use_redis:
-        if importlib.util.find_spec("redis") is None:
-            raise BenchError("--redis: redis-py is not installed (pip install redis)")
-        if redis_binary is None:
-            raise BenchError("--redis: redis-server is not on PATH")
+    redis_binary = redis_contenders(cfg.redis, progress)
+    use_redis = redis_binary is not None
     contenders = ("select1", *cfg.gov_contenders(), *(REDIS_CONTENDERS if use_redis else ()))
 
     with contextlib.ExitStack() as stack:

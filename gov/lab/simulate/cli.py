@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gov.cli.common import option
+from gov.cli.common import check_output_path, option
 from gov.db import resolve_url
 from gov.errors import GovError
 from gov.lab.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
@@ -82,6 +82,7 @@ def simulate(
     with what happened per tier and team, the rules that blocked, sends per user per
     week and the fatigue report.
     """
+    check_output_path(html_file, "--html")  # before minutes of simulation, not after
     err = Console(stderr=True)
     try:
         policy_text = policy_name = None

@@ -47,9 +47,9 @@ from gov.delivery.vapid import VapidSigner, generate_keypair
 from gov.errors import GovError
 from gov.governor import Governor
 from gov.hold.release import Releaser
+from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import (
     DAY,
-    DEFAULT_START,
     KINDS,
     SEGMENTS,
     Planned,
@@ -59,6 +59,7 @@ from gov.lab.simulate.story import (
     population,
     react,
 )
+from gov.lab.simulate.summary import Summary, collect
 from gov.queries import q
 from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
@@ -67,56 +68,11 @@ SUBJECT = "mailto:simulation@gov.example"
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
 UNREACHABLE_CAP = 1_000_000_000
 WEEK = timedelta(days=7)
-CURVE_TOP = 15  # the ground-truth curve groups 15 and more sends a week together
 TELEMETRY_THREADS = 3  # background writers of the users' events
 
 
 class SimulationError(GovError):
     """The simulation could not run (no database server, no CREATEDB, a bad policy file)."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """What to simulate. ``policy_text`` None: the default policy."""
-
-    users: int = 2000
-    days: int = 14
-    seed: int = 1
-    tolerance: float = 1.0  # stretches every fatigue curve along the volume axis (story.probabilities)
-    policy_text: str | None = None
-    policy_name: str = "default policy"
-    start: datetime = DEFAULT_START
-    tick: timedelta = timedelta(minutes=5)
-    lanes: int = 4  # parallel senders (by user): the decision is server-side work
-    runners: int = 2  # runner processes (gov.delivery.runner.Dispatcher)
-    workers: int = 8  # concurrent HTTP requests per runner process
-    push_services: int = 2  # loopback push services, each in its own process (users are spread over them)
-
-    @property
-    def end(self) -> datetime:
-        return self.start + self.days * DAY
-
-
-@dataclass
-class EngineStats:
-    """Counters the loop keeps; the summary itself is read from the database."""
-
-    planned: int = 0  # messages the teams planned within the run
-    sent: int = 0  # handed to Governor.send
-    skipped: int = 0  # planned for a user who had unsubscribed by then
-    unsubscribed: int = 0  # users
-    events: int = 0  # telemetry events recorded
-    events_available: bool = True
-    push_requests: int = 0  # what the push service received
-    push_decrypted: int = 0  # of which it verified and decrypted (answered 2xx)
-    wall_s: float = 0.0
-    # the simulated users' own fatigue curve, the ground truth the fatigue report estimates:
-    # sends already received in the trailing 7 days → [sends, clicks, unsubscribes]
-    curve: dict[int, list[int]] = field(default_factory=dict)
-    # the same by the fatigue measure's definition, without the noise: (segment, position:
-    # sends already received in the trailing 7 days) → [sends, expected clicks, expected
-    # unsubscribes], summed from the dice of every delivered send (story.expected)
-    truth: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,7 +82,7 @@ class RunOutcome:
     label: str
     governed: bool
     stats: EngineStats
-    summary: Any = None  # gov.lab.simulate.summary.Summary, collected before the database is dropped
+    summary: Summary  # collected before the database is dropped
     kept_url: str | None = None
 
 
@@ -636,8 +592,6 @@ class Engine:
 def simulate(server_url: str, config: SimConfig, *, governed: bool, keep: bool = False,
              progress: Progress | None = None, label: str | None = None) -> RunOutcome:
     """One run in a fresh scratch database on ``server_url``; the summary is read before it is dropped."""
-    from gov.lab.simulate.summary import collect
-
     label = label or ("governed" if governed else "governor off")
     with scratch_database(server_url, "gov_sim", keep=keep, durable=False) as dsn:
         engine = Engine(dsn, config, governed=governed, progress=progress)

@@ -21,7 +21,7 @@ from gov.analytics.marginal import segment_title
 from gov.analytics.report import CTR_COLOR, TOP_BUCKET, UNSUBSCRIBE_COLOR, Chart, Tick, line_chart, nice_top
 from gov.db import Source
 from gov.errors import GovError
-from gov.lab.simulate.engine import CURVE_TOP, EngineStats, SimConfig
+from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import TEAM_OF_TOPIC, TEAMS
 from gov.queries import q
 

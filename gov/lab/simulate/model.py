@@ -1,0 +1,56 @@
+"""What a simulation is asked to do and what its loop counts: shared by the engine, which
+fills them, and the summary, which reads them (apart from both so that neither imports
+the other back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gov.lab.simulate.story import DAY, DEFAULT_START
+
+CURVE_TOP = 15  # the ground-truth curve groups 15 and more sends a week together
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate. ``policy_text`` None: the default policy."""
+
+    users: int = 2000
+    days: int = 14
+    seed: int = 1
+    tolerance: float = 1.0  # stretches every fatigue curve along the volume axis (story.probabilities)
+    policy_text: str | None = None
+    policy_name: str = "default policy"
+    start: datetime = DEFAULT_START
+    tick: timedelta = timedelta(minutes=5)
+    lanes: int = 4  # parallel senders (by user): the decision is server-side work
+    runners: int = 2  # runner processes (gov.delivery.runner.Dispatcher)
+    workers: int = 8  # concurrent HTTP requests per runner process
+    push_services: int = 2  # loopback push services, each in its own process (users are spread over them)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + self.days * DAY
+
+
+@dataclass
+class EngineStats:
+    """Counters the loop keeps; the summary itself is read from the database."""
+
+    planned: int = 0  # messages the teams planned within the run
+    sent: int = 0  # handed to Governor.send
+    skipped: int = 0  # planned for a user who had unsubscribed by then
+    unsubscribed: int = 0  # users
+    events: int = 0  # telemetry events recorded
+    events_available: bool = True
+    push_requests: int = 0  # what the push service received
+    push_decrypted: int = 0  # of which it verified and decrypted (answered 2xx)
+    wall_s: float = 0.0
+    # the simulated users' own fatigue curve, the ground truth the fatigue report estimates:
+    # sends already received in the trailing 7 days → [sends, clicks, unsubscribes]
+    curve: dict[int, list[int]] = field(default_factory=dict)
+    # the same by the fatigue measure's definition, without the noise: (segment, position:
+    # sends already received in the trailing 7 days) → [sends, expected clicks, expected
+    # unsubscribes], summed from the dice of every delivered send (story.expected)
+    truth: dict[tuple[str, int], list[float]] = field(default_factory=dict)
