@@ -107,3 +107,23 @@ def test_an_upgrade_of_a_distributed_cluster_keeps_working(citus_db: str, revisi
     assert migrate.current(citus_db) == revision
     migrate.upgrade(citus_db)
     assert migrate.current(citus_db) == migrate.head()
+
+
+def test_a_shard_left_behind_on_another_node_is_never_read(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """A moved shard's old table stays on its old node until Citus drops it: a claim there
+    must refuse, not read it. Here such a table is made by hand on the worker that does not
+    hold the shard; gov.shard_relation finds the name there and still refuses."""
+    first, second = _workers(conn)
+    key = _users_on(conn, first, "left-", 1)[0]
+    (shard,) = conn.execute("SELECT shard_name('gov.outbox', get_shard_id_for_distribution_column("
+                            "'gov.outbox', %s::text))", (key,)).fetchone()  # type: ignore[misc]
+    with psycopg.connect(at_port(db_url, first), autocommit=True) as holder:
+        assert holder.execute("SELECT gov.shard_relation('gov.outbox', %s)", (key,)).fetchone() == (shard,)
+    with psycopg.connect(at_port(db_url, second), autocommit=True) as other:
+        other.execute("SET citus.enable_ddl_propagation = off")
+        other.execute(f"CREATE TABLE {shard} (LIKE gov.outbox)")  # the name only: no placement here
+        try:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="is not on this node"):
+                other.execute("SELECT gov.shard_relation('gov.outbox', %s)", (key,))
+        finally:
+            other.execute(f"DROP TABLE {shard}")
