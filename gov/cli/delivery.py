@@ -53,10 +53,15 @@ def dispatch(
     """
     import os
 
+    from gov.delivery.beacon import keys_from_env
     from gov.delivery.processes import run_dispatchers
     from gov.delivery.runner import Dispatcher
 
     signer = load_signer()
+    beacon_keys = keys_from_env()  # a weak secret stops it here, in one line, before any process starts
+    if beacon_keys is None:
+        click.echo("gov: no beacon secret (GOV_BEACON_SECRET): pushes carry no beacon token, "
+                   "so gov serve refuses their beacons", err=True)
     url = dsn(database_url, check_schema=True)
     count = processes or os.cpu_count() or 1
     if metrics_port is not None:  # before the processes start: the server sums them all (gov.ops.metrics.expose)
@@ -69,7 +74,8 @@ def dispatch(
 
         preload()  # once, in the parent: the forked runners share it
     result = run_dispatchers(
-        lambda: Dispatcher(url, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout),
+        lambda: Dispatcher(url, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout,
+                           beacon_keys=beacon_keys),
         count, once=once, idle_s=idle,
     )
     if once:
