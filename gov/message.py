@@ -99,12 +99,18 @@ class Message:
 
     def content(self) -> dict[str, Any]:
         """What is stored for delivery; refused here when it cannot be sent at all."""
+        from gov.delivery.beacon import MAX_SUBSCRIPTION_ID, PLACEHOLDER_TOKEN
         from gov.delivery.push import build_payload
 
         if self.title is None or not self.title.strip():
             raise InvalidMessage(f"message {self.id}: a title is required to send (every push must show one)")
-        # Built once now only to refuse an oversize payload before anything is recorded.
-        build_payload(self.title, self.body or "", self.tag, self.url, self.tier, self.id)
+        # Built once now only to refuse an oversize payload before anything is recorded, with
+        # the longest beacon fields the runner may add (a token, the largest subscription id):
+        # a message that fits only without them would be refused by the runner after its
+        # budget was spent. Checked whether or not this process has a beacon secret, since
+        # the process that delivers may have one.
+        build_payload(self.title, self.body or "", self.tag, self.url, self.tier, self.id,
+                      subscription_id=MAX_SUBSCRIPTION_ID, token=PLACEHOLDER_TOKEN)
         return {"title": self.title, "body": self.body or "", "url": self.url}
 
 

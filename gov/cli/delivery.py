@@ -66,10 +66,16 @@ def dispatch(
     """
     import os
 
+    from gov.delivery.beacon import keys_from_env
+
     # Every check before the first fork: a bad option in a forked runner is a traceback per
     # process and a misleading "a runner process failed" (issue 31).
     deadlines_or_usage_error(lease, timeout)
     signer = load_signer()
+    beacon_keys = keys_from_env()  # a weak secret stops it here, in one line, before any process starts
+    if beacon_keys is None:
+        click.echo("gov: no beacon secret (GOV_BEACON_SECRET): pushes carry no beacon token, "
+                   "so gov serve refuses their beacons", err=True)
     # The cron path: one connection reads the schema revision and, with --once, whether
     # anything is due at all; an empty outbox then costs no runner (no HTTP and encryption
     # code imported, no pool, no fork). The probe asks the claim's own condition, so it
@@ -94,7 +100,8 @@ def dispatch(
 
         preload()  # once, in the parent: the forked runners share it
     result = run_dispatchers(
-        lambda: Dispatcher(url, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout),
+        lambda: Dispatcher(url, signer, workers=workers, batch=batch, lease_s=lease, timeout_s=timeout,
+                           beacon_keys=beacon_keys),
         count, once=once, idle_s=idle,
     )
     if once:

@@ -226,7 +226,10 @@ def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: f
     scrape-only bearer token for /metrics (which also takes GOV_API_TOKEN). It serves the
     service worker (/gov-sw.js) and the page helper (/gov.js); browsers subscribe at
     POST /subscriptions with a token the app signs under GOV_SUBSCRIBE_SECRET (or the file
-    GOV_SUBSCRIBE_SECRET_FILE names). --demo adds a page at /demo.
+    GOV_SUBSCRIBE_SECRET_FILE names). Beacons (POST /events) must echo the token each push
+    carries, made under GOV_BEACON_SECRET (or the file GOV_BEACON_SECRET_FILE names; set it
+    for the runners too; GOV_BEACON_SECRET_PREVIOUS is still accepted during a rotation):
+    without it they are refused (501). --demo adds a page at /demo.
     """
     try:
         from gov.http import app as serve_mod
@@ -235,10 +238,12 @@ def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: f
             f"gov serve needs fastapi, pydantic and uvicorn (dependencies of gov; reinstall it): {exc}"
         ) from None
 
+    from gov.delivery.beacon import keys_from_env
     from gov.http.tokens import secret_from_env
 
     token = os.environ.get(serve_mod.ENV_TOKEN)
     subscribe_secret = secret_from_env()
+    beacon_keys = keys_from_env()
     signer = None
     if os.environ.get("GOV_VAPID_PRIVATE_KEY"):
         from gov.delivery.vapid import VapidSigner
@@ -250,6 +255,7 @@ def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: f
                              batch_max=batch_max, batch_concurrency=batch_concurrency)
     serve_mod.serve(
         dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
-        access_log=access_log, metrics_token=metrics_token, subscribe_secret=subscribe_secret, demo=demo,
-        workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max, batch_concurrency=batch_concurrency,
+        access_log=access_log, metrics_token=metrics_token, subscribe_secret=subscribe_secret,
+        beacon_keys=beacon_keys, demo=demo, workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max,
+        batch_concurrency=batch_concurrency,
     )

@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol
 import requests
 from urllib3.connection import HTTPConnection
 
+from gov.delivery.beacon import MAX_SUBSCRIPTION_ID, PLACEHOLDER_TOKEN
 from gov.delivery.netguard import EndpointRefused
 from gov.delivery.pushclient import BadRequestTarget, PushClient, PushConnectionError, PushTimeout
 from gov.delivery.subscription import Subscription, b64url_encode
@@ -48,6 +49,12 @@ from gov.errors import ConfigurationError, InvalidMessage
 #: Largest plaintext that fits one aes128gcm record of 4096 bytes (rule 4):
 #: 86 bytes of header + plaintext + 1 delimiter byte + 16 bytes of tag.
 MAX_PAYLOAD_BYTES = 3993
+#: What the beacon fields add to a payload at most: ``,"sub":<19 digits>,"token":"<22>"``
+#: (a subscription id of 2**63-1 and a token of 22 base64url characters). Every message is
+#: checked with them (:meth:`gov.message.Message.content`), so the budget left for title,
+#: body, tag and URL is ``MAX_PAYLOAD_BYTES - BEACON_FIELDS_BYTES`` whether a beacon secret
+#: is configured or not: a message recorded by one process fits whichever process delivers it.
+BEACON_FIELDS_BYTES = len(f',"sub":{MAX_SUBSCRIPTION_ID},"token":"{PLACEHOLDER_TOKEN}"')
 URGENCIES = frozenset({"very-low", "low", "normal", "high"})
 MAX_BODY_CHARS = 1000
 
@@ -549,6 +556,9 @@ def build_payload(
     tier: str,
     message_id: str | int,
     count: int | None = None,
+    *,
+    subscription_id: int | None = None,
+    token: str | None = None,
 ) -> bytes:
     """Compact UTF-8 JSON for the service worker.
 
@@ -557,6 +567,12 @@ def build_payload(
     fixed shape. ``id`` is always a string: a 64-bit database id as a JSON
     number would lose precision in JavaScript, and the id is what makes a
     duplicate delivery recognisable.
+
+    With ``token`` (the delivery's beacon token, :mod:`gov.delivery.beacon`) the
+    data also carries ``sub`` (the subscription id the token covers: the worker
+    echoes it, rather than the one it stored, so a push received before a renewal
+    still beacons for the subscription it came to) and ``token``: at most
+    :data:`BEACON_FIELDS_BYTES` bytes more.
 
     ``count`` marks a collapsed summary (``data.count``: how many held
     messages it stands for). The size is checked here, where the payload is
@@ -575,6 +591,11 @@ def build_payload(
     if count is not None:
         # a collapsed summary: how many held messages it stands for
         data["count"] = count
+    if token is not None:
+        if subscription_id is None:
+            raise InvalidMessage("a beacon token needs the subscription id it covers")
+        data["sub"] = subscription_id
+        data["token"] = token
     # ensure_ascii=False: UTF-8 is smaller than \u escapes, and the budget is in bytes.
     encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(encoded) > MAX_PAYLOAD_BYTES and count is not None and body:

@@ -49,6 +49,7 @@ from typing import Any
 from psycopg.rows import class_row
 
 from gov.db import Source
+from gov.delivery.beacon import BeaconKeys, keys_from_env
 from gov.delivery.deadlines import DEFAULT_LEASE_S, DEFAULT_TIMEOUT_S, LEASE_MARGIN_S, check_deadlines
 from gov.delivery.netguard import EndpointGuard, EndpointRefused
 from gov.delivery.push import PushOutcome, PushRequest, build_payload, deliver, topic_for
@@ -107,6 +108,10 @@ class Dispatcher:
     ``timeout_s`` is the total deadline of one attempt and must be shorter than
     ``lease_s`` (:class:`~gov.errors.ConfigurationError` otherwise). ``batch`` defaults
     to as many rows as ``workers`` can attempt within one lease (at most 4 each).
+
+    ``beacon_keys`` (:class:`gov.delivery.beacon.BeaconKeys`; by default read from
+    ``GOV_BEACON_SECRET``) makes each payload carry its delivery's beacon token, which
+    ``gov serve``'s ``POST /events`` requires.
     """
 
     def __init__(
@@ -124,6 +129,7 @@ class Dispatcher:
         clock: Callable[[], datetime] | None = None,
         name: str | None = None,
         allow_loopback_http: bool | None = None,
+        beacon_keys: BeaconKeys | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
@@ -143,6 +149,10 @@ class Dispatcher:
         self.clock = clock
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.topic_secret = signer.derived_secret(b"gov topic")
+        # invariant 15: each payload carries its delivery's beacon token, made here, where the
+        # user, the message and the subscription are known. Without a secret (given or in
+        # GOV_BEACON_SECRET) payloads carry none, and gov serve refuses their beacons.
+        self.beacon_keys = beacon_keys if beacon_keys is not None else keys_from_env()
         # invariant 13: test mode (loopback, http) only when asked for, else GOV_ALLOW_LOOPBACK_HTTP=1
         self.guard = EndpointGuard.from_env(allow_loopback_http)
         # keep-alive connection pools per push-service origin, shared by the worker threads
@@ -393,6 +403,10 @@ class Dispatcher:
             row.tier,
             row.message_id,
             count=row.content.get("count"),
+            # a summary's row carries the summary's message id: its token covers that id
+            subscription_id=row.subscription_id if self.beacon_keys is not None else None,
+            token=(self.beacon_keys.mint(row.user_id, row.message_id, row.subscription_id)
+                   if self.beacon_keys is not None else None),
         )
         request = PushRequest(
             subscription=Subscription(row.endpoint, row.p256dh, row.auth),

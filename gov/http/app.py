@@ -18,8 +18,10 @@ and the browser half (:mod:`gov.http.browser`): ``GET /gov-sw.js`` and ``/gov.js
 in constant time; 401 and nothing written without it). ``/metrics`` needs a bearer token
 too, since the server is often reachable from the internet for ``/events``: the scrape-only
 ``GOV_METRICS_TOKEN`` (so Prometheus never holds the token that sends), or the API token. ``/events`` is public, as a
-beacon must be: it can only add one event of each kind to a message gov decided for
-that user, so the worst a forger can do is count a click that did not happen once.
+beacon must be, but each beacon must echo the beacon token its push carried
+(:mod:`gov.delivery.beacon`: an HMAC over the user, the message and the subscription,
+known only to the browser the encrypted payload reached): 403 and nothing written
+without a valid one, 501 when no ``GOV_BEACON_SECRET`` is configured (invariant 15).
 Bodies over 64 KiB are refused with 413 before they are read; malformed JSON is 400,
 well-formed but invalid input is 422, and nothing is written for either. The bodies are
 the pydantic models of :mod:`gov.http.models`: they validate each request and are the
@@ -59,10 +61,12 @@ from starlette.types import Send as ASGISend
 from gov import users
 from gov.aio import DEFAULT_BATCH_MAX, DEFAULT_BATCH_WINDOW_MS, AsyncGovernor, SendBatcher
 from gov.analytics.events import record_event
+from gov.delivery.beacon import BeaconKeys
 from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.governor import Governor
 from gov.http import browser
 from gov.http.door import FastSend
+from gov.http.limits import RateLimit
 from gov.http.models import Event, Health, Id, Preferences, Segment, Send, Verdict
 from gov.http.refusals import HTTPError, refusals
 from gov.http.refusals import error_response as _error
@@ -348,6 +352,8 @@ def create_app(
     close_on_shutdown: bool = False,
     metrics_token: str | None = None,
     subscribe_secret: bytes | None = None,
+    beacon_keys: BeaconKeys | None = None,
+    error_limit: RateLimit | None = None,
     demo: bool = False,
     sender: AsyncGovernor | None = None,
     batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
@@ -370,6 +376,10 @@ def create_app(
 
     ``subscribe_secret`` (:mod:`gov.http.tokens`) lets browsers subscribe with the app's
     tokens (``POST /subscriptions``: 501 without it); ``demo`` adds the demo page.
+
+    ``beacon_keys`` (:mod:`gov.delivery.beacon`) checks the beacon token of every
+    ``POST /events`` (501 without keys: no beacon is taken unauthenticated);
+    ``error_limit`` bounds ``POST /events/errors`` (:class:`gov.http.limits.RateLimit`).
     """
     if not isinstance(token, str):
         raise ConfigurationError(f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters")
@@ -441,9 +451,11 @@ def create_app(
 
     @app.post(
         "/events", summary="Beacon from the service worker: display, click, close or unsubscribe",
-        status_code=204, response_class=Response, responses=refusals(400, 413, 422, 503),
+        status_code=204, response_class=Response, responses=refusals(400, 403, 413, 422, 501, 503),
     )
     async def events(body: Event) -> Response:
+        # invariant 15: only the browser the push reached knows its token; checked before the database
+        browser.check_beacon(beacon_keys, body.token, body.user_id, body.message_id, body.subscription_id)
         await run_in_threadpool(record_event, governor, body.user_id, body.message_id, body.event,
                                 body.subscription_id)
         return Response(status_code=204)
@@ -508,7 +520,8 @@ def create_app(
     async def openapi() -> Response:
         return JSONResponse(app.openapi())
 
-    browser.install(app, governor, secret=subscribe_secret, demo=demo, api_token=api_token)
+    browser.install(app, governor, secret=subscribe_secret, demo=demo, api_token=api_token,
+                    beacon_keys=beacon_keys, error_limit=error_limit)
 
     app.state.max_body = max_body
     app.state.batcher = batcher
@@ -536,6 +549,7 @@ def serve(
     pool_size: int = 4,
     access_log: bool = False,
     subscribe_secret: bytes | None = None,
+    beacon_keys: BeaconKeys | None = None,
     demo: bool = False,
     workers: int = 1,
     batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
@@ -573,6 +587,8 @@ def serve(
     if subscribe_secret is None:
         print("gov: no subscribe secret (GOV_SUBSCRIBE_SECRET): POST /subscriptions refuses tokens (501)",
               file=sys.stderr)
+    if beacon_keys is None:
+        print("gov: no beacon secret (GOV_BEACON_SECRET): POST /events refuses beacons (501)", file=sys.stderr)
     if demo:
         print(f"gov: demo page on http://{shown}:{bound_port}/demo", file=sys.stderr)
 
@@ -582,7 +598,8 @@ def serve(
         governor = Governor(database_url, signer=signer, pool_size=pool_size)
         try:
             app = create_app(governor, token, close_on_shutdown=True, metrics_token=metrics_token,
-                             subscribe_secret=subscribe_secret, demo=demo, batch_window_ms=batch_window_ms,
+                             subscribe_secret=subscribe_secret, beacon_keys=beacon_keys, demo=demo,
+                             batch_window_ms=batch_window_ms,
                              batch_max=batch_max, batch_concurrency=batch_concurrency)
             # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
             # once the lifespan has closed the governor

@@ -6,7 +6,8 @@ Routes (installed by :func:`install`)::
     GET  /gov.js                  the page's subscribe helper: gov.subscribe(), gov.unsubscribe()
     POST /subscriptions           a browser's subscription, for the user of an app-signed token → 201
     POST /subscriptions/retire    the browser unsubscribed (proof: its endpoint and auth secret) → 204
-    POST /events/errors           the worker could not read a push (counted in /metrics, not stored) → 204
+    POST /events/errors           the worker could not read a push (counted in /metrics, not stored) → 204,
+                                  bounded per client address and overall (:mod:`gov.http.limits`)
     GET  /demo                    with --demo: a page that subscribes this browser and sends it a test
     POST /demo/token              with --demo: a subscribe token for a user (bearer GOV_API_TOKEN)
 
@@ -15,11 +16,15 @@ id: the user is the one the app's token (:mod:`gov.http.tokens`) names, or, for 
 renewing after ``pushsubscriptionchange``, the owner of the subscription it replaces, proved
 by that subscription's endpoint and auth secret (which only the browser and gov know).
 Without a subscribe secret (``GOV_SUBSCRIBE_SECRET``) token subscribe answers 501.
+
+Beacons (``POST /events``, in :mod:`gov.http.app`) are checked here (:func:`check_beacon`):
+each must echo the beacon token its push carried (:mod:`gov.delivery.beacon`).
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -28,9 +33,14 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Security
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
+from gov.delivery.beacon import ENV_SECRET as ENV_BEACON_SECRET
+from gov.delivery.beacon import ENV_SECRET_FILE as ENV_BEACON_SECRET_FILE
+from gov.delivery.beacon import BeaconKeys
 from gov.delivery.subscription import b64url_decode
 from gov.governor import Governor
+from gov.http.limits import RateLimit
 from gov.http.models import Proof, Subscribe, Subscribed, SubscribeToken, TokenRequest, WorkerError
 from gov.http.refusals import HTTPError, refusals
 from gov.http.tokens import (
@@ -56,7 +66,31 @@ NO_SECRET = (
     "subscribe tokens with"
 )
 
+NO_BEACON_SECRET = (
+    f"beacons are not configured: set {ENV_BEACON_SECRET} (or {ENV_BEACON_SECRET_FILE}) here and in every "
+    "process that delivers (gov dispatch, gov release, gov send, the app's Governor), so each push carries a token"
+)
+BAD_BEACON_TOKEN = "beacon token: not valid for this user, message and subscription"
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def check_beacon(keys: BeaconKeys | None, token: str | None, user_id: str | None, message_id: str | None,
+                 subscription_id: int | None) -> None:
+    """Refuse a beacon that does not carry its delivery's token: HTTPError 501 without keys, else 403.
+
+    The token is compared in constant time (:meth:`BeaconKeys.verify`) before anything
+    touches the database, so a refused beacon writes nothing and costs one HMAC per secret.
+    """
+    if keys is None:
+        raise HTTPError(501, NO_BEACON_SECRET)
+    if token is None:
+        raise HTTPError(403, "beacon token missing: a beacon echoes its push's data.token and data.sub")
+    if subscription_id is None or user_id is None or message_id is None:
+        raise HTTPError(403, "beacon token: the userId, messageId and subscriptionId (data.sub) it covers are "
+                             "required")
+    if not keys.verify(token, user_id, message_id, subscription_id):
+        raise HTTPError(403, BAD_BEACON_TOKEN)
 
 
 def json_only(endpoint: F) -> F:
@@ -141,8 +175,13 @@ def retire(governor: Governor, proof: Proof) -> None:
                             {"user_id": held[1], "id": held[0], "reason": UNSUBSCRIBED_REASON})
 
 
-def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: bool, api_token: Any) -> None:
-    """Add the browser routes to ``app`` (the demo's only with ``demo``)."""
+def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: bool, api_token: Any,
+            beacon_keys: BeaconKeys | None = None, error_limit: RateLimit | None = None) -> None:
+    """Add the browser routes to ``app`` (the demo's only with ``demo``).
+
+    ``error_limit`` bounds ``POST /events/errors`` (default: :class:`gov.http.limits.RateLimit`'s).
+    """
+    limit = error_limit if error_limit is not None else RateLimit()
     @app.get("/gov-sw.js", summary="gov's service worker", response_class=Response,
              responses={200: {"content": {"text/javascript": {}}, "description": "JavaScript"}})
     async def service_worker() -> Response:
@@ -175,9 +214,18 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
 
     @app.post(
         "/events/errors", summary="The service worker could not read a push (counted, not stored)",
-        status_code=204, response_class=Response, responses=refusals(400, 413, 422),
+        status_code=204, response_class=Response, responses=refusals(400, 403, 413, 422, 429),
     )
-    async def worker_error(body: WorkerError) -> Response:
+    async def worker_error(body: WorkerError, request: Request) -> Response:
+        # Public and mostly without a token (an unreadable push rarely has one to echo), so
+        # bounded instead: every report, valid or not, takes from its address's bucket first.
+        # Behind a proxy on this host, uvicorn takes the address from X-Forwarded-For.
+        wait = limit.allow(request.client.host if request.client is not None else "-")
+        if wait is not None:
+            raise HTTPError(429, "too many error reports from this address; retry later",
+                            {"Retry-After": str(max(1, math.ceil(wait)))})
+        if body.token is not None and beacon_keys is not None:  # echoed: then it must be the push's own
+            check_beacon(beacon_keys, body.token, body.user_id, body.message_id, body.subscription_id)
         gov_metrics.observe_worker_error(body.kind)
         return Response(status_code=204)
 

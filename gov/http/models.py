@@ -113,13 +113,22 @@ class Verdict(Body):
     reason: str | None = Field(None, examples=["cap_86400000ms", "quiet_hours"])
 
 
+#: A beacon token as a body carries it: any short text; whether it is valid is the route's 403.
+BeaconToken = Annotated[str, Field(max_length=64, description="the delivery's beacon token (data.token)")]
+
+
 class Event(Body):
-    """A beacon from the service worker about a message gov decided for that user."""
+    """A beacon from the service worker about a message gov delivered to that user's subscription.
+
+    ``token`` and ``subscriptionId`` are the push payload's ``data.token`` and ``data.sub``:
+    without a token valid for the user, the message and the subscription, the beacon is 403.
+    """
 
     user_id: Id
     message_id: Id
     event: BeaconEvent
     subscription_id: int | None = Field(None, ge=1, le=MAX_SUBSCRIPTION_ID)
+    token: BeaconToken | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -260,6 +269,10 @@ class WorkerError(Body):
     kind: Literal["payload"]
     detail: Annotated[str, Field(max_length=200)] | None = None
     message_id: Id | None = None
+    # what the worker could read of the push, echoed: a token given must be valid (403 otherwise)
+    user_id: Id | None = None
+    subscription_id: int | None = Field(None, ge=1, le=MAX_SUBSCRIPTION_ID)
+    token: BeaconToken | None = None
 
 
 class TokenRequest(Body):

@@ -20,8 +20,8 @@ import hmac
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
+from gov.delivery.beacon import read_secret
 from gov.delivery.subscription import b64url_decode, b64url_encode
 from gov.errors import ConfigurationError, InvalidInput
 from gov.message import MAX_ID_LENGTH, Message
@@ -53,23 +53,7 @@ def secret_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
     cannot be read, or when the secret is shorter than :data:`MIN_SECRET_BYTES`.
     Surrounding whitespace (a file's trailing newline) is not part of it.
     """
-    value, path = environ.get(ENV_SECRET, "").strip(), environ.get(ENV_SECRET_FILE, "").strip()
-    if value and path:
-        raise ConfigurationError(f"set {ENV_SECRET} or {ENV_SECRET_FILE}, not both")
-    if path:
-        try:
-            value = Path(path).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"{ENV_SECRET_FILE}: cannot read {path}: {exc}") from None
-    if not value:
-        return None
-    secret = value.encode("utf-8")
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigurationError(
-            f"{ENV_SECRET_FILE if path else ENV_SECRET} must be at least {MIN_SECRET_BYTES} bytes "
-            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    return secret
+    return read_secret(environ, ENV_SECRET, ENV_SECRET_FILE)
 
 
 def _mac(secret: bytes, user_b64: str, expiry: str) -> str:

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from gov import Governor
 from gov.cli import main
+from gov.delivery.beacon import BeaconKeys
 from gov.http.app import MAX_BODY_BYTES, create_app
 from gov.http.models import Error, Event, Preferences, Proof, Segment, Send, Subscribe, WorkerError
 from gov.message import MAX_ID_LENGTH, MAX_TTL_S
@@ -34,6 +35,7 @@ with warnings.catch_warnings():
 
 TOKEN = secrets.token_urlsafe(24)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BEACON_KEYS = BeaconKeys(secrets.token_urlsafe(32).encode())
 
 
 def _counts(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
@@ -131,7 +133,8 @@ def test_refuses_to_start_without_a_token(db_url: str) -> None:
 
 @pytest.fixture
 def client(db_url: str) -> Iterator[TestClient]:
-    with Governor(db_url, pool_size=2) as governor, TestClient(create_app(governor, TOKEN)) as c:
+    with Governor(db_url, pool_size=2, allow_loopback_http=True) as governor, \
+            TestClient(create_app(governor, TOKEN, beacon_keys=BEACON_KEYS)) as c:
         yield c
 
 
@@ -201,19 +204,24 @@ def test_send_takes_every_field(client: TestClient, conn: psycopg.Connection[Any
     assert row == ("P3", "digest", "digest-w30", "weekly", 600, "https://x.example/")
 
 
-def test_events_beacon(client: TestClient, db_url: str, conn: psycopg.Connection[Any]) -> None:
+def test_events_beacon(client: TestClient, db_url: str, conn: psycopg.Connection[Any], push: Any) -> None:
+    with Governor(db_url, pool_size=1, allow_loopback_http=True) as governor:
+        sub = governor.subscribe("u", push.subscribe("u").info)
     assert send(client, {"userId": "u", "tier": "P0", "id": "m", "title": "t"}).status_code == 200
-    beacon = {"userId": "u", "messageId": "m", "event": "click"}
+    # what gov-sw.js echoes: the push's data.sub and data.token (tests/acceptance/test_beacons.py refuses the rest)
+    beacon = {"userId": "u", "messageId": "m", "event": "click", "subscriptionId": sub,
+              "token": BEACON_KEYS.mint("u", "m", sub)}
     r = client.post("/events", content=json.dumps(beacon), headers={"Content-Type": "text/plain"})  # sendBeacon
     assert r.status_code == 204 and r.content == b""
     assert client.post("/events", json=beacon).status_code == 204  # idempotent
     assert conn.execute("SELECT user_id, message_id, event FROM gov.push_events").fetchall() == [("u", "m", "click")]
     for bad, match in (
-        ({"userId": "u", "messageId": "nope", "event": "click"}, "unknown message nope"),
-        ({"userId": "u", "messageId": "m", "event": "accepted"}, "delivery runner"),
-        ({"userId": "u", "messageId": "m", "event": "open"}, "unknown event 'open'"),
-        ({"userId": "u", "messageId": "m", "event": "click", "subscriptionId": 999}, "subscription 999"),
-        ({"userId": "u", "messageId": "m", "event": "click", "extra": 1}, "unknown field 'extra'"),
+        ({**beacon, "messageId": "nope", "token": BEACON_KEYS.mint("u", "nope", sub)}, "unknown message nope"),
+        ({**beacon, "event": "accepted"}, "delivery runner"),
+        ({**beacon, "event": "open"}, "unknown event 'open'"),
+        ({**beacon, "subscriptionId": 999, "token": BEACON_KEYS.mint("u", "m", 999)}, "subscription 999"),
+        ({**beacon, "extra": 1}, "unknown field 'extra'"),
+        ({**beacon, "token": "x" * 65}, "token"),
     ):
         r = client.post("/events", json=bad)
         assert r.status_code == 422 and match in r.json()["error"], (bad, r.text)

@@ -27,6 +27,7 @@ from gov.testing import PushService
 CHROMIUM = os.environ.get("GOV_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 API_TOKEN = secrets.token_urlsafe(24)
 SUBSCRIBE_SECRET = secrets.token_urlsafe(32)
+BEACON_SECRET = secrets.token_urlsafe(32)  # gov serve's runner puts tokens under it; /events checks them
 SUBJECT = "mailto:push-ops@example.com"
 
 
@@ -58,10 +59,11 @@ class Server:
 
 @pytest.fixture
 def gov_server(db_url: str, key_path: Path) -> Iterator[Server]:
-    """`gov serve --demo` with a VAPID key, a subscribe secret, and loopback push services allowed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOV_VAPID", "GOV_SUBSCRIBE"))}
+    """`gov serve --demo` with a VAPID key, a subscribe and a beacon secret, and loopback push services allowed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOV_VAPID", "GOV_SUBSCRIBE", "GOV_BEACON"))}
     env.update({
         "GOV_DATABASE_URL": db_url, "GOV_API_TOKEN": API_TOKEN, "GOV_SUBSCRIBE_SECRET": SUBSCRIBE_SECRET,
+        "GOV_BEACON_SECRET": BEACON_SECRET,
         "GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT, "GOV_ALLOW_LOOPBACK_HTTP": "1",
     })
     proc = subprocess.Popen(

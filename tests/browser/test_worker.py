@@ -19,12 +19,22 @@ from typing import Any
 import psycopg
 import pytest
 
+from gov.delivery.beacon import BeaconKeys
 from gov.delivery.push import build_payload
 from gov.delivery.subscription import b64url_decode
 from gov.testing import PushService
-from tests.browser.conftest import API_TOKEN, Server, fake_subscribe_script
+from tests.browser.conftest import API_TOKEN, BEACON_SECRET, Server, fake_subscribe_script
 
 USER = "user-42"
+KEYS = BeaconKeys(BEACON_SECRET.encode())
+LIVE = "SELECT id FROM gov.subscriptions WHERE retired_at IS NULL ORDER BY id DESC LIMIT 1"
+
+
+def signed_payload(conn: psycopg.Connection[Any], title: str, tag: str, url: str | None, message_id: str) -> bytes:
+    """A payload as gov's runner builds it for this browser's subscription: with its beacon token."""
+    ((sub_id,),) = conn.execute(LIVE).fetchall()
+    return build_payload(title, "", tag, url, "P0", message_id, subscription_id=sub_id,
+                         token=KEYS.mint(USER, message_id, sub_id))
 SUBSCRIBE_DONE = "() => /subscribed:|subscribe failed/.test(document.getElementById('log').textContent)"
 ACTIVATED = """async () => { const r = await navigator.serviceWorker.getRegistration();
     return Boolean(r && r.active && r.active.state === 'activated'); }"""
@@ -176,13 +186,20 @@ def test_subscribe_send_display_replace(
             "url": "/orders/7", "collapseKey": "order-7",
         })
         assert verdict == {"sent": True}
-        received = [r for r in push_service.requests_for(sub) if r.status == 201]
+        # gov serve answers once the decision has committed and delivers after (gov.aio.SendBatcher)
+        received = []
+        for _ in range(400):
+            received = [r for r in push_service.requests_for(sub) if r.status == 201]
+            if len(received) == n:
+                break
+            browser.page.wait_for_timeout(25)
         assert len(received) == n and received[-1].payload is not None
         browser.deliver(received[-1].payload)
         if n == 1:
             (shown,) = browser.notifications(1, showing="m1")
             assert shown == {"title": "Order shipped", "body": "step 1", "tag": "order-7",
-                             "data": {"url": "/orders/7", "tier": "P0", "id": "m1"}}
+                             "data": {"url": "/orders/7", "tier": "P0", "id": "m1", "sub": sub_id,
+                                      "token": KEYS.mint(USER, "m1", sub_id)}}  # made by gov serve's runner
 
     # the same collapse key: the second replaced the first
     (shown,) = browser.notifications(1, showing="m2")
@@ -201,7 +218,7 @@ def test_tags_keep_apart_what_differs(
     browser.subscribe()
     for n in (1, 2):
         api(gov_server, "/internal/send", {"userId": USER, "tier": "P0", "id": f"k{n}", "title": f"T{n}"})
-        browser.deliver(build_payload(f"T{n}", "", f"k{n}", None, "P0", f"k{n}"))
+        browser.deliver(signed_payload(conn, f"T{n}", f"k{n}", None, f"k{n}"))
     shown = browser.notifications(2)
     assert sorted((n["title"], n["tag"]) for n in shown) == [("T1", "k1"), ("T2", "k2")]
 
@@ -242,7 +259,7 @@ def test_click_and_close_beacons(
     browser.subscribe()
     for n in (1, 2):
         api(gov_server, "/internal/send", {"userId": USER, "tier": "P0", "id": f"c{n}", "title": f"C{n}"})
-        browser.deliver(build_payload(f"C{n}", "", f"c{n}", "/demo", "P0", f"c{n}"))
+        browser.deliver(signed_payload(conn, f"C{n}", f"c{n}", "/demo", f"c{n}"))
     browser.notifications(2)
     result = browser.worker().evaluate("""async () => {
         let shown = [];
@@ -259,6 +276,16 @@ def test_click_and_close_beacons(
     rows = wait_rows(conn, EVENTS, {}, 4, browser.page)
     assert sorted((r[1], r[2]) for r in rows) == [("c1", "click"), ("c1", "display"), ("c2", "close"),
                                                    ("c2", "display")]
+
+    # the page itself, without the push's token, cannot write one (invariant 15)
+    forged = browser.page.evaluate("""async (user) => (await fetch('/events', { method: 'POST',
+        headers: { 'content-type': 'text/plain' },
+        body: JSON.stringify({ userId: user, messageId: 'c1', event: 'unsubscribe' }) })).status""", USER)
+    assert forged == 403
+    # gov.unsubscribe() charges the unsubscribe to the last notification shown, with its token
+    browser.page.evaluate("async () => gov.unsubscribe()")
+    rows = wait_rows(conn, EVENTS, {}, 5, browser.page)
+    assert [(r[1], r[2]) for r in rows if r[2] == "unsubscribe"] == [("c2", "unsubscribe")]
 
 
 def test_pushsubscriptionchange_sends_the_new_subscription(

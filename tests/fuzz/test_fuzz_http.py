@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from gov import Governor, Message
+from gov.delivery.beacon import BeaconKeys
+from gov.testing import PushService
 from gov.testing.postgres import TemplateDatabases
 from tests.fuzz import FUZZ, NASTY, UNICODE, any_text
 
@@ -54,13 +56,19 @@ KNOWN_USERS = ["u0", "u1", "u2"]
 KNOWN_MESSAGES = ["m0", "m1", "m2"]
 
 
+BEACON_KEYS = BeaconKeys(secrets.token_urlsafe(32).encode())
+#: Each known user's subscription id, filled by the client fixture (beacon tokens cover it).
+SUBSCRIPTIONS: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def client(http_url: str) -> Iterator[TestClient]:
-    with Governor(http_url, pool_size=2) as governor:
-        for user in KNOWN_USERS:  # messages a beacon may be about
+    with Governor(http_url, pool_size=2, allow_loopback_http=True) as governor, PushService() as push:
+        for user in KNOWN_USERS:  # messages a beacon may be about, delivered to a subscription
+            SUBSCRIPTIONS[user] = governor.subscribe(user, push.subscribe(user).info)
             for mid in KNOWN_MESSAGES:
                 governor.send(Message(user_id=user, id=mid, tier="P0", title="hi"), deliver=False)
-        app = create_app(governor, TOKEN)
+        app = create_app(governor, TOKEN, beacon_keys=BEACON_KEYS)
         with TestClient(app, raise_server_exceptions=False) as c:
             yield c
 
@@ -135,10 +143,30 @@ plausible_sends = st.builds(
                                         "collapseKey": valid_text, "campaignId": valid_text,
                                         "ttl": st.integers(-1, 3_000_000)}),
 )
-plausible_events = st.fixed_dictionaries(
-    {"userId": st.sampled_from([*KNOWN_USERS, "nobody"]), "messageId": st.sampled_from([*KNOWN_MESSAGES, "never"]),
-     "event": st.sampled_from(["display", "click", "close", "unsubscribe", "accepted", "bogus"])},
-    optional={"subscriptionId": st.one_of(st.none(), st.integers(-1, 2**40), st.just(True))},
+def _with_token(event: dict[str, Any], how: str) -> dict[str, Any]:
+    """The event with the token of its own delivery (``right``), of a neighbour's, or a junk one."""
+    user, message = str(event["userId"]), str(event["messageId"])
+    sub = SUBSCRIPTIONS.get(user, 1)
+    if how == "right":
+        return {**event, "subscriptionId": sub, "token": BEACON_KEYS.mint(user, message, sub)}
+    if how == "other user":
+        return {**event, "subscriptionId": sub, "token": BEACON_KEYS.mint(user + "x", message, sub)}
+    if how == "other subscription":
+        return {**event, "subscriptionId": sub + 1, "token": BEACON_KEYS.mint(user, message, sub)}
+    if how == "junk":
+        return {**event, "token": "A" * 22}
+    return event  # "none": the issue's unauthenticated beacon
+
+
+plausible_events = st.builds(
+    _with_token,
+    st.fixed_dictionaries(
+        {"userId": st.sampled_from([*KNOWN_USERS, "nobody"]),
+         "messageId": st.sampled_from([*KNOWN_MESSAGES, "never"]),
+         "event": st.sampled_from(["display", "click", "close", "unsubscribe", "accepted", "bogus"])},
+        optional={"subscriptionId": st.one_of(st.none(), st.integers(-1, 2**40), st.just(True))},
+    ),
+    st.sampled_from(["right", "right", "other user", "other subscription", "junk", "none"]),
 )
 
 
@@ -159,6 +187,10 @@ def test_event_bodies(client: TestClient, snapshot_conn: psycopg.Connection[Any]
     before = snapshot(snapshot_conn)
     if not check_answer(client.post("/events", content=body, headers={"Content-Type": "application/json"}), (204,)):
         assert snapshot(snapshot_conn) == before, f"a refused event wrote something: {body[:200]!r}"
+        return
+    # taken: then it carried the token of exactly its own delivery (invariant 15)
+    event = json.loads(body)
+    assert BEACON_KEYS.verify(event.get("token"), event["userId"], event["messageId"], event.get("subscriptionId"))
 
 
 preference_values = st.one_of(

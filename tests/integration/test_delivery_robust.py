@@ -95,13 +95,23 @@ def _sized(size: int, *, title: str | None = None, body: str = "", message_id: s
 # ---------------------------------------------------------------- 1. failure stays with its row
 
 
+def _content_checked_without_beacon_fields(message: Message) -> dict[str, Any]:
+    """Message.content as gov checked it before beacon tokens: the payload without them."""
+    build_payload(message.title or "", message.body or "", message.tag, message.url, message.tier, message.id)
+    return {"title": message.title, "body": message.body or "", "url": message.url}
+
+
 def test_a_poison_summary_fails_alone_and_bystanders_go_out_once(
-    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A collapsed summary too large once its count is added: the trimmed one goes out
     without its body, the one that cannot fit even so fails with its reason, and the P0
     messages claimed in the same batch are delivered exactly once, however often the
     runner comes round."""
+    # Today a message must fit with the longest beacon fields (59 bytes), which leaves room
+    # for a summary's count; messages queued by an older gov, checked without them, may not.
+    monkeypatch.setattr(Message, "content", _content_checked_without_beacon_fields)
     near_full = MAX_PAYLOAD_BYTES - 3  # each message fits alone; with `,"count":2` it does not
     browsers = {user: push.subscribe(user) for user in ("poison", "trim", "b0", "b1", "b2")}
     for user, browser in browsers.items():

@@ -239,6 +239,27 @@ MUTANTS = [
             f"{SURFACE_TEST}::test_a_released_signature_never_changes",
         ),
     ),
+    Mutant(
+        "q_beacon_token_compared_by_prefix",
+        "POST /events accepts a beacon token whose first 4 characters match (a prefix compare)",
+        (
+            ("gov/delivery/beacon.py", 'matches = [hmac.compare_digest(e.encode("ascii"), given) for e in expected]',
+             'matches = [hmac.compare_digest(e.encode("ascii")[:4], given[:4]) for e in expected]', 1),
+        ),
+        (
+            "tests/acceptance/test_beacons.py::test_a_token_for_another_user_message_or_subscription_is_refused",
+        ),
+    ),
+    Mutant(
+        "r_beacon_token_ignores_the_subscription",
+        "the beacon token signs the user and the message only: one delivery's token serves any subscription",
+        (
+            ("gov/delivery/beacon.py", '\n            + subscription_id.to_bytes(8, "big"))', ")", 1),
+        ),
+        (
+            "tests/acceptance/test_beacons.py::test_a_token_for_another_user_message_or_subscription_is_refused",
+        ),
+    ),
 ]
 
 

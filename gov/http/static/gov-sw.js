@@ -6,8 +6,9 @@
  * Every push becomes a visible notification, never a silent one: Chromium charges pushes that
  * show nothing against the origin and may stop waking the worker; Firefox unsubscribes after a
  * few. Suppression happens in the governor, never here. The worker reports what the fatigue
- * report reads, to gov's POST /events: display (shown), click, close (dismissed). A push it
- * cannot read still shows a generic notification, and the error goes to POST /events/errors.
+ * report reads, to gov's POST /events: display (shown), click, close (dismissed), each with the
+ * beacon token its push carried. A push it cannot read still shows a generic notification, and
+ * the error goes to POST /events/errors.
  *
  * Where the beacons go and for which user comes from IndexedDB ('gov' / 'kv' / 'me'), which
  * gov.js fills when the page subscribes. Set self.GOV_CONFIG = { fallbackTitle, icon, badge }
@@ -56,24 +57,34 @@
         body: JSON.stringify(body) });
     } catch (e) { /* offline: a lost beacon is a lost count, never a lost notification */ }
   }
+  // gov takes a beacon only with the token its push carried (data.token, for data.sub, the
+  // subscription it came to): an HMAC only this browser could read, since the payload is encrypted
+  // to it. So the token and that subscription id are echoed as they came, never the stored ones.
+  function delivery(data) {
+    if (!data || typeof data.id !== 'string' || typeof data.token !== 'string' || !Number.isInteger(data.sub)) {
+      return null;
+    }
+    return { messageId: data.id, subscriptionId: data.sub, token: data.token };
+  }
   async function beacon(event, data) {
     const who = await me();
-    const messageId = data && typeof data.id === 'string' ? data.id : null;
-    if (!who.userId || !messageId) return; // not subscribed through gov.js, or not gov's push
-    const body = { userId: who.userId, messageId, event };
-    if (who.subscriptionId) body.subscriptionId = who.subscriptionId; // the event is this browser's
-    await post(who.events || config.events, body);
-    if (event === 'display') await kv('lastMessageId', messageId).catch(() => {}); // gov.unsubscribe() charges it
+    const one = delivery(data);
+    if (!who.userId || !one) return; // not subscribed through gov.js, or no token: gov would refuse it
+    await post(who.events || config.events, Object.assign({ userId: who.userId, event }, one));
+    if (event === 'display') await kv('last', one).catch(() => {}); // gov.unsubscribe() charges it
   }
-  async function reportError(detail, messageId) {
+  async function reportError(detail, data) {
     const who = await me();
     const body = { kind: 'payload', detail: String(detail).slice(0, 200) };
-    if (messageId) body.messageId = messageId;
+    if (data && typeof data.id === 'string') body.messageId = data.id;
+    const one = delivery(data);
+    if (one && who.userId) Object.assign(body, one, { userId: who.userId }); // where the push had a token
     await post(`${(who.events || config.events).replace(/\/$/, '')}/errors`, body); // /events -> /events/errors
   }
 
   // ------------------------------------------------------------ push: always a visible notification
-  // gov's payload (gov.delivery.push.build_payload): {"title","body","tag","data":{"url","tier","id"}}
+  // gov's payload (gov.delivery.push.build_payload):
+  // {"title","body","tag","data":{"url","tier","id","sub","token"}} (a summary adds data.count)
   function read(pushData) {
     if (!pushData) throw new Error('push without a payload');
     const msg = pushData.json(); // throws on text that is not JSON
@@ -96,7 +107,7 @@
       catch (e) { /* not JSON at all */ }
       await self.registration.showNotification(config.fallbackTitle,
         { tag: MALFORMED_TAG, icon: config.icon, badge: config.badge, data });
-      await Promise.all([reportError(error.message || error, data.id), beacon('display', data)]);
+      await Promise.all([reportError(error.message || error, data), beacon('display', data)]);
       return;
     }
     const data = msg.data && typeof msg.data === 'object' ? msg.data : {};

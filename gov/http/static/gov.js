@@ -74,10 +74,13 @@
     const reg = await navigator.serviceWorker.getRegistration();
     const sub = reg && (await reg.pushManager.getSubscription());
     const me = (await kv('me')) || {};
-    const last = await kv('lastMessageId');
-    if (me.userId && last) {
+    // { messageId, subscriptionId, token } of the last notification shown (gov-sw.js): the token its
+    // push carried is what lets gov take this beacon
+    const last = await kv('last');
+    if (me.userId && last && last.token) {
       await fetch(me.events, { method: 'POST', headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ userId: me.userId, messageId: last, event: 'unsubscribe', subscriptionId: me.subscriptionId }) })
+        body: JSON.stringify({ userId: me.userId, messageId: last.messageId, event: 'unsubscribe',
+          subscriptionId: last.subscriptionId, token: last.token }) })
         .catch(() => {});
     }
     const endpoint = (sub && sub.endpoint) || me.endpoint;
