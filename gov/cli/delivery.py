@@ -73,9 +73,6 @@ def dispatch(
     deadlines_or_usage_error(lease, timeout)
     signer = load_signer()
     beacon_keys = keys_from_env()  # a weak secret stops it here, in one line, before any process starts
-    if beacon_keys is None:
-        click.echo("gov: no beacon secret (GOV_BEACON_SECRET): pushes carry no beacon token, "
-                   "so gov serve refuses their beacons", err=True)
     # The cron path: one connection reads the schema revision and, with --once, whether
     # anything is due at all; an empty outbox then costs no runner (no HTTP and encryption
     # code imported, no pool, no fork). The probe asks the claim's own condition, so it
@@ -85,6 +82,9 @@ def dispatch(
     if not due:
         click.echo(json.dumps({"attempts": 0, "outcomes": {}}))
         return
+    if beacon_keys is None:  # (said once a runner starts, after the schema check: an error stays one line)
+        click.echo("gov: no beacon secret (GOV_BEACON_SECRET): pushes carry no beacon token, "
+                   "so gov serve refuses their beacons", err=True)
 
     from gov.delivery.processes import run_dispatchers
     from gov.delivery.runner import Dispatcher
