@@ -251,10 +251,10 @@ class Governor:
 # same statements with exactly the same values: no rule is written twice.
 
 
-def decide_params(message: Message, now: datetime | None) -> dict[str, Any]:
+def decide_params(message: Message, now: datetime | None, what: str = "decide") -> dict[str, Any]:
     """The parameters of ``q("decide")`` for ``message``."""
     if not isinstance(message, Message):
-        raise TypeError(f"decide() takes a gov.Message, got {type(message).__name__}")
+        raise TypeError(f"{what}() takes a gov.Message, got {type(message).__name__}")
     return {
         "user_id": message.user_id,
         "message_id": message.id,
@@ -266,20 +266,11 @@ def decide_params(message: Message, now: datetime | None) -> dict[str, Any]:
 
 
 def send_params(message: Message, now: datetime | None) -> dict[str, Any]:
-    """The parameters of ``q("send")``; refuses an untitled or oversize payload first."""
-    if not isinstance(message, Message):
-        raise TypeError(f"send() takes a gov.Message, got {type(message).__name__}")
-    return {
-        "user_id": message.user_id,
-        "message_id": message.id,
-        "tier": message.tier,
-        "topic": message.topic,
-        "campaign_id": message.campaign_id,
-        "content": json.dumps(message.content()),
-        "collapse_key": message.collapse_key,
-        "ttl": message.ttl,
-        "now": now,
-    }
+    """The parameters of ``q("send")``: the decision's, and what is stored for delivery
+    (an untitled or oversize payload is refused here, before anything is recorded)."""
+    params = decide_params(message, now, "send")
+    params.update(content=json.dumps(message.content()), collapse_key=message.collapse_key, ttl=message.ttl)
+    return params
 
 
 def batch_params(singles: Sequence[Mapping[str, Any]], now: datetime | None, shard_key: str | None) -> dict[str, Any]:
