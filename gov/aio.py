@@ -409,7 +409,11 @@ class SendBatcher:
                     task.add_done_callback(self._deliveries.discard)
 
     async def close(self) -> None:
-        """Stop the batch workers (sends still queued are refused with a ConfigurationError)."""
+        """Stop the batch workers (sends still queued are refused with a ConfigurationError),
+        after the deliveries already under way have ended (what they leave stays in the
+        outbox for ``gov dispatch``, but a row they claimed would wait out its lease)."""
+        if self._deliveries:
+            await asyncio.wait(set(self._deliveries), timeout=self.governor.delivery_timeout_s + 5)
         for task in self._workers:
             task.cancel()
         for task in self._workers:

@@ -79,6 +79,13 @@ def dispatch(
     # never says "nothing" while a claim would find a row.
     with checked_connection(database_url) as (url, conn):
         due = not once or outbox_due(conn)
+    if metrics_port is not None:
+        # a port that cannot be served is a setting error, queue or no queue; and before the
+        # processes start: the server sums them all (gov.ops.metrics.expose)
+        from gov.ops.metrics import expose
+
+        exposed = expose(metrics_port, processes=processes or os.cpu_count() or 1)
+        click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
     if not due:
         click.echo(json.dumps({"attempts": 0, "outcomes": {}}))
         return
@@ -90,11 +97,6 @@ def dispatch(
     from gov.delivery.runner import Dispatcher
 
     count = processes or os.cpu_count() or 1
-    if metrics_port is not None:  # before the processes start: the server sums them all (gov.ops.metrics.expose)
-        from gov.ops.metrics import expose
-
-        exposed = expose(metrics_port, processes=count)
-        click.echo(f"gov: metrics on http://127.0.0.1:{exposed.port}/metrics", err=True)
     if count > 1:
         from gov.delivery.push import preload
 

@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 
 from gov import Governor, Message
+from gov.testing import PushService
 from tests.faults import GovProcess, gov_env, scalar, wait_for
 
 
@@ -97,6 +98,9 @@ def runnerless_url(db_url: str, conn: psycopg.Connection[Any]) -> Iterator[str]:
     role = f"gov_no_claim_{secrets.token_hex(4)}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
     conn.execute(sql.SQL("GRANT SELECT ON public.gov_alembic_version TO {}").format(sql.Identifier(role)))
+    # and the parent's look at the outbox (`--once` starts runners only for a due row)
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA gov TO {}").format(sql.Identifier(role)))
+    conn.execute(sql.SQL("GRANT SELECT ON gov.outbox TO {}").format(sql.Identifier(role)))
     parts = urlsplit(db_url)
     netloc = role + "@" + parts.netloc.rpartition("@")[2]
     yield urlunsplit(parts._replace(netloc=netloc))
@@ -106,8 +110,11 @@ def runnerless_url(db_url: str, conn: psycopg.Connection[Any]) -> Iterator[str]:
 
 @pytest.mark.parametrize("once", [True, False])
 def test_a_failing_runner_process_fails_the_command(
-    runnerless_url: str, key_path: Path, tmp_path: Path, once: bool
+    db_url: str, runnerless_url: str, key_path: Path, tmp_path: Path, once: bool, push: PushService
 ) -> None:
+    with Governor(db_url, allow_loopback_http=True) as governor:  # one due row: --once starts its runners
+        governor.subscribe("due", push.subscribe().info)
+        governor.send(Message(user_id="due", id="m1", tier="P0", title="hi"), deliver=False)
     env = gov_env(runnerless_url, key_path)
     args = ["dispatch", "--processes", "2", "--idle", "0.05", *(["--once"] if once else [])]
     with GovProcess(args, env, tmp_path, "failing") as runner:
