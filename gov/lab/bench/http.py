@@ -201,7 +201,8 @@ class ChildServer:
     the port, the last lines explain a failure, and a pipe nobody reads would block the child.
     """
 
-    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], announce: str) -> None:
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], announce: str,
+                 cwd: str | None = None) -> None:
         self.name = name
         self._tail: deque[str] = deque(maxlen=20)
         self._announced = threading.Event()
@@ -209,7 +210,7 @@ class ChildServer:
         self.port = 0
         self._proc = subprocess.Popen(
             list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True, cwd=cwd,
         )
         self._reader = threading.Thread(target=self._read, name=f"gov-bench-{name}", daemon=True)
         self._reader.start()
@@ -275,7 +276,9 @@ def start_gov_serve(name: str, tree: str, dsn: str, token: str, serve_args: Sequ
     """``python -m gov.cli serve --port 0`` of the checkout at ``tree``, on ``dsn``, without a VAPID key."""
     argv = [sys.executable, "-m", "gov.cli", "serve", "--host", "127.0.0.1", "--port", "0", *serve_args]
     env = _child_env(GOV_DATABASE_URL=dsn, GOV_API_TOKEN=token, PYTHONPATH=_python_path(tree))
-    return ChildServer(name, argv, env, r"gov: serving on http://127\.0\.0\.1:(\d+)")
+    # cwd=tree: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
+    # so a bench run from one checkout would otherwise serve that checkout as the baseline
+    return ChildServer(name, argv, env, r"gov: serving on http://127\.0\.0\.1:(\d+)", cwd=tree)
 
 
 def start_seed_server(node: str, node_modules: Path, redis_url: str, token: str) -> ChildServer:
@@ -738,7 +741,7 @@ def baseline_database(server: str, checkout: Path, progress: Callable[[str], Non
         progress(f"migrating {name} with the baseline's gov db upgrade")
         done = subprocess.run(
             [sys.executable, "-m", "gov.cli", "db", "upgrade"],
-            env=_child_env(GOV_DATABASE_URL=dsn, PYTHONPATH=_python_path(str(checkout))),
+            env=_child_env(GOV_DATABASE_URL=dsn, PYTHONPATH=_python_path(str(checkout))), cwd=str(checkout),
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600,
         )
         if done.returncode != 0:
@@ -770,7 +773,7 @@ def subscribe_users(tree: str, dsn: str, users: int) -> None:
 
     done = subprocess.run(
         [sys.executable, "-c", SUBSCRIBE_SCRIPT, dsn, USER_PREFIX, str(users)],
-        input=json.dumps(browser_keys(16)), env=_child_env(PYTHONPATH=_python_path(tree)),
+        input=json.dumps(browser_keys(16)), env=_child_env(PYTHONPATH=_python_path(tree)), cwd=tree,
         capture_output=True, text=True, timeout=600,
     )
     if done.returncode != 0:
