@@ -3,13 +3,14 @@ commit together, or roll back together."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+
+from tests.aio import run_async
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "fastapi_send.py"
 
@@ -34,7 +35,7 @@ def test_the_fastapi_example_commits_and_rolls_back_the_decision_with_the_apps_r
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             return [await client.post("/orders/o1/ship"), await client.post("/orders/nope/ship")]
 
-    shipped, missing = asyncio.run(go())
+    shipped, missing = run_async(go())
     assert shipped.status_code == 200
     assert shipped.json() == {"order": "o1", "notification": {"sent": True}}
     assert missing.status_code == 404

@@ -10,6 +10,7 @@ import psycopg
 
 from gov import Governor, Message
 from gov.aio import AsyncGovernor, SendBatcher
+from tests.aio import run_async
 from tests.citus.test_cluster import _users_on, _workers
 
 RACERS = 20
@@ -27,7 +28,7 @@ def test_the_seeds_verification_through_the_async_governor(db_url: str) -> None:
             out.append((await governor.send(Message(user_id="u42", id="otp", tier="P0", title="code"))).as_json())
             return out
 
-    assert asyncio.run(go()) == [{"sent": True}, {"sent": True},
+    assert run_async(go()) == [{"sent": True}, {"sent": True},
                                  {"sent": False, "action": "drop", "reason": "cap_86400000ms"}, {"sent": True}]
 
 
@@ -49,7 +50,7 @@ def test_concurrent_tasks_and_grouped_sends_are_exact_on_each_worker(
 
     for port in _workers(conn):
         users = _users_on(conn, port, f"arace-{port}-", 2 * ROUNDS)
-        assert asyncio.run(go(users[:ROUNDS], users[ROUNDS:])) == [2] * (2 * ROUNDS), port
+        assert run_async(go(users[:ROUNDS], users[ROUNDS:])) == [2] * (2 * ROUNDS), port
 
 
 def test_a_batch_across_shards_gives_what_one_by_one_sends_give(db_url: str, conn: psycopg.Connection[Any]) -> None:
@@ -62,7 +63,7 @@ def test_a_batch_across_shards_gives_what_one_by_one_sends_give(db_url: str, con
         async with AsyncGovernor(db_url) as governor:
             return await governor.send_batch([p2("b" + u, f"m{k}") for u, k in picks])
 
-    together = asyncio.run(go())
+    together = run_async(go())
     assert [r.as_json() for r in together] == alone
     assert {r["sent"] for r in alone} == {True, False}
     # the batch ran on the workers, one delegated call per shard it touched

@@ -20,6 +20,7 @@ from gov.analytics.events import InvalidEvent
 from gov.db import sqlalchemy_url
 from gov.delivery.vapid import VapidSigner
 from gov.testing import PushService
+from tests.aio import run_async
 
 T = TypeVar("T")
 RACERS = 20
@@ -27,7 +28,7 @@ ROUNDS = 20
 
 
 def run(coro: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(coro())  # type: ignore[arg-type]
+    return run_async(coro())  # type: ignore[arg-type]
 
 
 def p2(user: str, mid: str, **kw: Any) -> Message:

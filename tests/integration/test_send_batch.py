@@ -4,7 +4,6 @@ every kind, several messages of one user in a batch, repeated ids, every tier.""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from datetime import timedelta
 from typing import Any
@@ -16,6 +15,7 @@ from gov import policy as policy_mod
 from gov.aio import AsyncGovernor
 from gov.queries import q
 from gov.testing import PushService
+from tests.aio import run_async
 from tests.integration.test_campaign_set import (
     CONTENT,
     DEFERRED,
@@ -83,7 +83,7 @@ def test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone(
                     out += [said(r) for r in results]
         return out
 
-    together = asyncio.run(batched())
+    together = run_async(batched())
     assert together == alone
     reasons = {r[2] for r in alone}
     assert reasons >= {None, "cap_3600000ms", "topic_cap_86400000ms", "global_cap_86400000ms", "quiet_hours",
