@@ -4,8 +4,9 @@ Time is a simulation clock, never slept: every ``tick`` (five simulated minutes)
 messages the teams planned in that interval go through :meth:`Governor.send` at their own
 moment, then the releaser runs at the tick's end on the same clock, then gov's runner
 (:class:`gov.delivery.runner.Dispatcher`) delivers what the tick queued, and each delivered
-message meets its user, who displays, clicks, closes or unsubscribes (recorded with
-:func:`gov.analytics.events.record_event`). Deferrals, quiet hours, collapses and expiries are the
+message meets its user, who displays, clicks, closes or unsubscribes (recorded by
+``gov.record_event_v1``, the function behind :func:`gov.analytics.events.record_event`, a
+tick's events in one statement). Deferrals, quiet hours, collapses and expiries are the
 real ones, and every allowed message is encrypted, VAPID-signed, sent to a loopback
 :class:`gov.testing.PushService` and verified and decrypted there.
 
@@ -317,31 +318,39 @@ class _Reader:
 
 
 def _record_event_fn() -> Callable[..., Any] | None:
+    """gov.analytics.events' check of one event, or None without telemetry."""
     try:
-        from gov.analytics.events import record_event
+        from gov.analytics.events import check_event
     except ImportError:  # telemetry not installed: simulate without events
         return None
-    return record_event
+    return check_event
 
 
 class _Telemetry:
-    """Records the users' events through gov.analytics.events.record_event, off the tick's critical path.
+    """Records the users' events (gov.record_event_v1, a tick's at once), off the tick's critical path.
 
     Nothing in the simulation reads the events back until the summary, and each is its
     own row (no order between them matters), so they are written by a few background
     threads while the ticks go on; :meth:`drain` waits for all of them.
     """
 
-    def __init__(self, record_event: Callable[..., Any], threads: int) -> None:
-        self._record_event = record_event
+    def __init__(self, check_event: Callable[..., Any], threads: int) -> None:
+        self._check_event = check_event
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gov-sim-events")
         self._threads = threads
         self._futures: list[Future[int]] = []
         self.recorded = 0
 
     def _write(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> int:
+        # record_event's own checks for each event, then gov.record_event_v1 for all of them
+        # in one statement: the very rows record_event writes, one round trip per chunk
         for user_id, message_id, event, subscription_id in events:
-            self._record_event(gov, user_id, message_id, event, subscription_id=subscription_id, at=at)
+            self._check_event(user_id, message_id, event, subscription_id)
+        with translate_errors():
+            gov.source.execute(q("sim_record_events"), {
+                "user_ids": [e[0] for e in events], "message_ids": [e[1] for e in events],
+                "events": [e[2] for e in events], "subscription_ids": [e[3] for e in events], "at": at,
+            })
         return len(events)
 
     def record(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> None:
