@@ -43,8 +43,7 @@ import psycopg
 
 from gov import policy as policy_mod
 from gov.db import translate_errors
-from gov.delivery.runner import Dispatcher
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import generate_keypair
 from gov.errors import GovError
 from gov.governor import Governor, batch_params, send_params
 from gov.hold.release import Releaser
@@ -65,7 +64,7 @@ from gov.queries import q
 from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
 
-SUBJECT = "mailto:simulation@gov.example"
+CHILD_SCRIPT = Path(__file__).with_name("_children.py")
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
 UNREACHABLE_CAP = 1_000_000_000
 WEEK = timedelta(days=7)
@@ -108,65 +107,14 @@ Progress = Callable[[int, int, EngineStats], None]
 # on stdin/stdout, not multiprocessing: spawn would re-import the caller's main module.
 
 
-def _serve_lines(handle: Callable[[str, Any], Any]) -> None:
-    """The child's loop: one JSON command per line in, one JSON answer per line out."""
-    try:
-        for line in sys.stdin:
-            command, argument = json.loads(line)
-            if command == "stop":
-                break
-            print(json.dumps(handle(command, argument)), flush=True)
-    except KeyboardInterrupt:  # the parent was interrupted too; it cleans up
-        pass
-
-
-def push_host_main() -> None:
-    """Child process: a gov.testing PushService (its origin is the first answer)."""
-    from gov.testing import PushService
-
-    public_key = json.loads(sys.stdin.readline())
-    with PushService(expected_public_key=public_key) as service:
-        print(json.dumps(service.origin), flush=True)
-
-        def handle(command: str, argument: Any) -> Any:
-            if command == "subscribe":
-                return [service.subscribe().info for _ in range(argument)]
-            received = service.received  # "stats"
-            return [len(received), sum(1 for r in received if r.status is not None and 200 <= r.status < 300)]
-
-        _serve_lines(handle)
-
-
-def runner_main() -> None:
-    """Child process: gov's runner (gov.delivery.runner.Dispatcher) on the simulation clock."""
-    setup = json.loads(sys.stdin.readline())
-    signer = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": setup["key"], "GOV_VAPID_SUBJECT": SUBJECT})
-    clock = SimClock(datetime.fromisoformat(setup["now"]))
-    workers = int(setup["workers"])
-    # a large claim: one tick's rows are claimed at once, so no worker idles between batches
-    # allow_loopback_http: the simulated push service is on 127.0.0.1 over plain HTTP, on purpose
-    with Dispatcher(
-        setup["dsn"], signer, workers=workers, batch=512, clock=clock, allow_loopback_http=True
-    ) as runner:
-        print(json.dumps("ready"), flush=True)
-
-        def handle(command: str, argument: Any) -> Any:
-            now, ids = argument  # "run": deliver these outbox rows, as of now
-            clock.now = datetime.fromisoformat(now)
-            attempts = 0
-            for start in range(0, len(ids), runner.batch):
-                attempts += runner.run_once(ids=ids[start : start + runner.batch]).attempts
-            return attempts
-
-        _serve_lines(handle)
-
-
 class _Child:
-    """A child process of this module, driven by :func:`_serve_lines`."""
+    """A child process running an entry point of ``_children.py``, one JSON line in, one out."""
 
     def __init__(self, entry: str, first: Any) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-c", f"from gov.lab.simulate.engine import {entry}; {entry}()"],
+            # by path, not as gov.lab.simulate._children: importing the package would import this
+            # engine and through it alembic and SQLAlchemy, about a CPU-second per child
+            [sys.executable, str(CHILD_SCRIPT), entry],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
