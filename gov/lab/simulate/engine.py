@@ -69,6 +69,7 @@ CHILD_SCRIPT = Path(__file__).with_name("_children.py")
 UNREACHABLE_CAP = 1_000_000_000
 WEEK = timedelta(days=7)
 TELEMETRY_THREADS = 3  # background writers of the users' events
+SHARE_FROM = 64  # outbox rows of a tick from which they are shared out among the runners
 
 
 class SimulationError(GovError):
@@ -184,6 +185,7 @@ class Runners:
 
     def __init__(self, n: int, dsn: str, key_path: Path, workers: int, now: datetime) -> None:
         self._children: list[_Child] = []
+        self._turn = 0
         try:
             for _ in range(n):
                 setup = {"dsn": dsn, "key": str(key_path), "workers": workers, "now": now.isoformat()}
@@ -196,8 +198,17 @@ class Runners:
         """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return the attempts made."""
         if not ids:
             return 0
-        parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
-        busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
+        # Each runner's share costs a claim and a record call of fixed cost (about 3 and
+        # 1.4 ms of PostgreSQL: claim_outbox_v3 plans its dynamic statement every call)
+        # and a round trip to the child. Most ticks queue a few rows: they go to one
+        # runner, in turn, whose workers take them at once; a campaign's tick is shared
+        # out. Which runner delivers a row changes no outcome (read back in a fixed order).
+        if len(ids) < SHARE_FROM:
+            self._turn = (self._turn + 1) % len(self._children)
+            busy = [(self._children[self._turn], list(ids))]
+        else:
+            parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
+            busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
         for child, part in busy:  # all start, then all are awaited
             child._send(["run", [now.isoformat(), part]])
         return sum(int(child._receive()) for child, _ in busy)
