@@ -144,3 +144,11 @@ SELECT m.tier, coalesce(c.collapse_key, '(no key)') AS key, count(*) AS expired
   LEFT JOIN gov.message_content c ON c.user_id = m.user_id AND c.message_id = m.message_id
  GROUP BY 1, 2
  ORDER BY 3 DESC, 2;
+
+-- name: sim_record_events
+-- One tick's engagement events in one statement: gov.record_event_v1 for each, as
+-- gov.analytics.events.record_event calls it one at a time (each event is its own row,
+-- no order between them matters); one round trip and one commit instead of one per event.
+SELECT count(*)
+  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[]) AS x(u, m, e, s)
+ CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, %(at)s) AS r;

@@ -98,7 +98,8 @@ def simulate(
         server = resolve_url(database_url)
         runs: list[RunOutcome] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[day]}"),
-                      TextColumn("{task.fields[sent]}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+                      TextColumn("{task.fields[sent]}"), TimeElapsedColumn(), console=err, transient=True,
+                      disable=not err.is_terminal) as bar:  # a bar on a terminal only, never in a log
             plans = [(config, True, "governed")]
             if compare and policy_file is not None:  # the file against gov's default policy
                 plans.append((replace(config, policy_text=None, policy_name="default policy"), True, "default policy"))

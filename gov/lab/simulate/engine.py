@@ -4,8 +4,9 @@ Time is a simulation clock, never slept: every ``tick`` (five simulated minutes)
 messages the teams planned in that interval go through :meth:`Governor.send` at their own
 moment, then the releaser runs at the tick's end on the same clock, then gov's runner
 (:class:`gov.delivery.runner.Dispatcher`) delivers what the tick queued, and each delivered
-message meets its user, who displays, clicks, closes or unsubscribes (recorded with
-:func:`gov.analytics.events.record_event`). Deferrals, quiet hours, collapses and expiries are the
+message meets its user, who displays, clicks, closes or unsubscribes (recorded by
+``gov.record_event_v1``, the function behind :func:`gov.analytics.events.record_event`, a
+tick's events in one statement). Deferrals, quiet hours, collapses and expiries are the
 real ones, and every allowed message is encrypted, VAPID-signed, sent to a loopback
 :class:`gov.testing.PushService` and verified and decrypted there.
 
@@ -42,10 +43,9 @@ import psycopg
 
 from gov import policy as policy_mod
 from gov.db import translate_errors
-from gov.delivery.runner import Dispatcher
-from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.delivery.vapid import generate_keypair
 from gov.errors import GovError
-from gov.governor import Governor
+from gov.governor import Governor, batch_params, send_params
 from gov.hold.release import Releaser
 from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import (
@@ -64,11 +64,12 @@ from gov.queries import q
 from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
 
-SUBJECT = "mailto:simulation@gov.example"
+CHILD_SCRIPT = Path(__file__).with_name("_children.py")
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
 UNREACHABLE_CAP = 1_000_000_000
 WEEK = timedelta(days=7)
 TELEMETRY_THREADS = 3  # background writers of the users' events
+SHARE_FROM = 64  # outbox rows of a tick from which they are shared out among the runners
 
 
 class SimulationError(GovError):
@@ -107,65 +108,14 @@ Progress = Callable[[int, int, EngineStats], None]
 # on stdin/stdout, not multiprocessing: spawn would re-import the caller's main module.
 
 
-def _serve_lines(handle: Callable[[str, Any], Any]) -> None:
-    """The child's loop: one JSON command per line in, one JSON answer per line out."""
-    try:
-        for line in sys.stdin:
-            command, argument = json.loads(line)
-            if command == "stop":
-                break
-            print(json.dumps(handle(command, argument)), flush=True)
-    except KeyboardInterrupt:  # the parent was interrupted too; it cleans up
-        pass
-
-
-def push_host_main() -> None:
-    """Child process: a gov.testing PushService (its origin is the first answer)."""
-    from gov.testing import PushService
-
-    public_key = json.loads(sys.stdin.readline())
-    with PushService(expected_public_key=public_key) as service:
-        print(json.dumps(service.origin), flush=True)
-
-        def handle(command: str, argument: Any) -> Any:
-            if command == "subscribe":
-                return [service.subscribe().info for _ in range(argument)]
-            received = service.received  # "stats"
-            return [len(received), sum(1 for r in received if r.status is not None and 200 <= r.status < 300)]
-
-        _serve_lines(handle)
-
-
-def runner_main() -> None:
-    """Child process: gov's runner (gov.delivery.runner.Dispatcher) on the simulation clock."""
-    setup = json.loads(sys.stdin.readline())
-    signer = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": setup["key"], "GOV_VAPID_SUBJECT": SUBJECT})
-    clock = SimClock(datetime.fromisoformat(setup["now"]))
-    workers = int(setup["workers"])
-    # a large claim: one tick's rows are claimed at once, so no worker idles between batches
-    # allow_loopback_http: the simulated push service is on 127.0.0.1 over plain HTTP, on purpose
-    with Dispatcher(
-        setup["dsn"], signer, workers=workers, batch=512, clock=clock, allow_loopback_http=True
-    ) as runner:
-        print(json.dumps("ready"), flush=True)
-
-        def handle(command: str, argument: Any) -> Any:
-            now, ids = argument  # "run": deliver these outbox rows, as of now
-            clock.now = datetime.fromisoformat(now)
-            attempts = 0
-            for start in range(0, len(ids), runner.batch):
-                attempts += runner.run_once(ids=ids[start : start + runner.batch]).attempts
-            return attempts
-
-        _serve_lines(handle)
-
-
 class _Child:
-    """A child process of this module, driven by :func:`_serve_lines`."""
+    """A child process running an entry point of ``_children.py``, one JSON line in, one out."""
 
     def __init__(self, entry: str, first: Any) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-c", f"from gov.lab.simulate.engine import {entry}; {entry}()"],
+            # by path, not as gov.lab.simulate._children: importing the package would import this
+            # engine and through it alembic and SQLAlchemy, about a CPU-second per child
+            [sys.executable, str(CHILD_SCRIPT), entry],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -235,6 +185,7 @@ class Runners:
 
     def __init__(self, n: int, dsn: str, key_path: Path, workers: int, now: datetime) -> None:
         self._children: list[_Child] = []
+        self._turn = 0
         try:
             for _ in range(n):
                 setup = {"dsn": dsn, "key": str(key_path), "workers": workers, "now": now.isoformat()}
@@ -247,8 +198,17 @@ class Runners:
         """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return the attempts made."""
         if not ids:
             return 0
-        parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
-        busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
+        # Each runner's share costs a claim and a record call of fixed cost (about 3 and
+        # 1.4 ms of PostgreSQL: claim_outbox_v3 plans its dynamic statement every call)
+        # and a round trip to the child. Most ticks queue a few rows: they go to one
+        # runner, in turn, whose workers take them at once; a campaign's tick is shared
+        # out. Which runner delivers a row changes no outcome (read back in a fixed order).
+        if len(ids) < SHARE_FROM:
+            self._turn = (self._turn + 1) % len(self._children)
+            busy = [(self._children[self._turn], list(ids))]
+        else:
+            parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
+            busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
         for child, part in busy:  # all start, then all are awaited
             child._send(["run", [now.isoformat(), part]])
         return sum(int(child._receive()) for child, _ in busy)
@@ -317,31 +277,39 @@ class _Reader:
 
 
 def _record_event_fn() -> Callable[..., Any] | None:
+    """gov.analytics.events' check of one event, or None without telemetry."""
     try:
-        from gov.analytics.events import record_event
+        from gov.analytics.events import check_event
     except ImportError:  # telemetry not installed: simulate without events
         return None
-    return record_event
+    return check_event
 
 
 class _Telemetry:
-    """Records the users' events through gov.analytics.events.record_event, off the tick's critical path.
+    """Records the users' events (gov.record_event_v1, a tick's at once), off the tick's critical path.
 
     Nothing in the simulation reads the events back until the summary, and each is its
     own row (no order between them matters), so they are written by a few background
     threads while the ticks go on; :meth:`drain` waits for all of them.
     """
 
-    def __init__(self, record_event: Callable[..., Any], threads: int) -> None:
-        self._record_event = record_event
+    def __init__(self, check_event: Callable[..., Any], threads: int) -> None:
+        self._check_event = check_event
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gov-sim-events")
         self._threads = threads
         self._futures: list[Future[int]] = []
         self.recorded = 0
 
     def _write(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> int:
+        # record_event's own checks for each event, then gov.record_event_v1 for all of them
+        # in one statement: the very rows record_event writes, one round trip per chunk
         for user_id, message_id, event, subscription_id in events:
-            self._record_event(gov, user_id, message_id, event, subscription_id=subscription_id, at=at)
+            self._check_event(user_id, message_id, event, subscription_id)
+        with translate_errors():
+            gov.source.execute(q("sim_record_events"), {
+                "user_ids": [e[0] for e in events], "message_ids": [e[1] for e in events],
+                "events": [e[2] for e in events], "subscription_ids": [e[3] for e in events], "at": at,
+            })
         return len(events)
 
     def record(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> None:
@@ -488,11 +456,34 @@ class Engine:
         gone: frozenset[int] = frozenset()  # who had unsubscribed as of the last finished deliver stage
         delivering: Future[list[int]] | None = None  # the previous tick's deliver stage
 
+        (distributed,) = gov.source.execute(q("distributed"), {})[0]
+
         def send(items: list[Planned]) -> list[tuple[tuple[int, ...], bool]]:
-            out = []
-            for p in items:
-                result = gov.send(p.message, at=p.at, deliver=False)
-                out.append((result.outbox_ids, result.decision.action in ("defer", "collapse")))
+            """Decide a lane's messages in order: those planned for one instant in one call.
+
+            ``gov.send_batch_v1`` gives each message the verdict it would get alone (a
+            user's several messages in it are decided in their order), at one moment:
+            the instant they share. A campaign's thousands of messages at 10:00 are then
+            one statement and one commit instead of one each.
+            """
+            out: list[tuple[tuple[int, ...], bool]] = []
+            start = 0
+            while start < len(items):
+                end = start + 1
+                while end < len(items) and items[end].at == items[start].at:
+                    end += 1
+                group = items[start:end]
+                if len(group) == 1 or distributed:  # a cluster's batch must be one shard's: one by one there
+                    for p in group:
+                        result = gov.send(p.message, at=p.at, deliver=False)
+                        out.append((result.outbox_ids, result.decision.action in ("defer", "collapse")))
+                else:
+                    at = group[0].at
+                    params = batch_params([send_params(p.message, at) for p in group], at, None)
+                    rows = sorted(gov.source.execute(q("send_batch"), params), key=lambda r: r[0])
+                    assert [r[0] for r in rows] == list(range(1, len(group) + 1)), "one verdict per message"
+                    out.extend((tuple(r[8]), r[2] in ("defer", "collapse")) for r in rows)
+                start = end
             return out
 
         with ThreadPoolExecutor(1, thread_name_prefix="gov-sim-deliver") as stage:

@@ -323,12 +323,15 @@ def render(s: Summary) -> RenderableType:
         f"{s.push_requests:,} requests ({attempts}); {s.push_decrypted:,} VAPID-verified, decrypted and accepted",
     ))
     parts.append(Text.assemble(("Engagement: ", "bold"), engagement_text(s)))
+    # What the run knows about fatigue, most certain first: the marginal measure beside the
+    # noiseless truth, then the seeds' volume buckets (a view, no verdict of its own), then
+    # what the dice gave (counts, no verdict: a handful of sends decides nothing).
+    parts.append(Text(""))
+    parts.append(_marginal_renderable(s))
     parts.append(Text(""))
     parts.append(_fatigue_renderable(s))
     parts.append(Text(""))
-    parts.append(_truth_renderable(s))
-    parts.append(Text(""))
-    parts.append(_marginal_renderable(s))
+    parts.append(_realised_renderable(s))
     return Group(*parts)
 
 
@@ -341,49 +344,84 @@ def _fatigue_renderable(s: Summary) -> RenderableType:
         return Text("fatigue report unavailable", style="yellow")
     if not s.fatigue.rows:
         return Text("fatigue report: no accepted sends in the window")
-    return Group(fatigue_table(s.fatigue), Text(fatigue_verdict(s), style="bold"))
+    title = Text(SEEDS_VIEW_TITLE, style="bold")
+    return Group(title, fatigue_table(seeds_view(s)), Text(fatigue_verdict(s), style="bold"))
+
+
+SEEDS_VIEW_TITLE = "The seeds' view: sends by volume bucket (gov report fatigue's buckets; no verdict of its own)"
+
+
+def confirmed_bucket(s: Summary) -> int | None:
+    """The seeds' crossover bucket, when the marginal measure confirms it; else None.
+
+    A bucket counts a subscriber's sends in the window, the measure's position the sends
+    received before this one: bucket b is the b-th send, position b - 1. The bucket's
+    crossover stands only when the measure (all users) names a crossover within one
+    position of it; a bucket table reads a difference of two noisy rates off a few
+    subscribers and must not overrule the measure's intervals.
+    """
+    if s.fatigue is None or s.marginal is None:
+        return None
+    bucket = s.fatigue.crossover_bucket
+    position = s.marginal.overall.crossover_position
+    if bucket is None or position is None or abs(position - (bucket - 1)) > 1:
+        return None
+    return int(bucket)
+
+
+def seeds_view(s: Summary) -> Any:
+    """The fatigue report with its crossover mark kept only where the marginal measure confirms it."""
+    from dataclasses import replace
+
+    keep = confirmed_bucket(s)
+    return replace(s.fatigue, rows=tuple(replace(r, crossover=r.crossover and r.bucket == keep)
+                                         for r in s.fatigue.rows))
 
 
 def fatigue_verdict(s: Summary) -> str:
-    """What the (volume) fatigue report says about its crossover."""
-    crossover = s.fatigue.crossover_bucket
-    return (f"crossover at bucket {crossover}: past it one more send costs more unsubscribes than it earns clicks"
-            if crossover is not None else "no crossover in the window")
+    """What the seeds' buckets may say: a crossover only where the marginal measure confirms it."""
+    keep = confirmed_bucket(s)
+    if keep is not None:
+        return (f"crossover at bucket {keep}, as the marginal measure finds "
+                f"({s.marginal.overall.verdict_text()})")
+    said = "no marginal measure" if s.marginal is None else f"the marginal measure: {s.marginal.overall.verdict_text()}"
+    if s.fatigue.crossover_bucket is not None:
+        return (f"no verdict from the buckets: their rates cross at bucket {s.fatigue.crossover_bucket}, "
+                f"but {said} (the measure, with its intervals, decides)")
+    return f"no verdict from the buckets ({said})"
 
 
-TRUTH_GROUPS = ((0, 2), (3, 5), (6, 8), (9, 11), (12, 14), (15, CURVE_TOP))
+REALISED_GROUPS = ((0, 2), (3, 5), (6, 8), (9, 11), (12, 14), (15, CURVE_TOP))
+REALISED_TITLE = ("What the dice gave (realised, not the truth): the simulated users' clicks and unsubscribes "
+                  "per send, by sends already received that week")
+REALISED_NOTE = ("counts of one run's draws: no verdict from them (the truth is the noiseless column of the "
+                 "crossover table above)")
 
 
-def truth(s: Summary) -> list[tuple[str, int, float, float]]:
-    """The ground truth by group: (label, sends, clicks per send, unsubscribes per send)."""
+def realised(s: Summary) -> list[tuple[str, int, int, int]]:
+    """The users' realised outcomes by group: (label, sends, clicks, unsubscribes)."""
     out = []
-    for lo, hi in TRUTH_GROUPS:
+    for lo, hi in REALISED_GROUPS:
         rows = [r for r in s.curve if lo <= r[0] <= hi]
         sends = sum(r[1] for r in rows)
         if not sends:
             continue
         label = f"{lo}+" if hi == CURVE_TOP and lo == CURVE_TOP else f"{lo}–{hi}"
-        out.append((label, sends, sum(r[2] for r in rows) / sends, sum(r[3] for r in rows) / sends))
+        out.append((label, sends, sum(r[2] for r in rows), sum(r[3] for r in rows)))
     return out
 
 
-def truth_crossover(s: Summary) -> str | None:
-    """The first group where one more send costs more unsubscribes than it earns clicks."""
-    return next((label for label, _, click, unsub in truth(s) if unsub > click), None)
+def _share(part: int, whole: int) -> str:
+    return f"{part:,} ({part / whole * 100:.2f}%)" if whole else f"{part:,}"
 
 
-def _truth_renderable(s: Summary) -> RenderableType:
-    title = Text("Ground truth: what the simulated users did, per send, by sends already received that week",
-                 style="bold")
+def _realised_renderable(s: Summary) -> RenderableType:
     table = Table()
     for name in ("sends that week", "sends", "clicked", "unsubscribed"):
         table.add_column(name, justify="right")
-    for label, sends, click, unsub in truth(s):
-        table.add_row(label, f"{sends:,}", f"{click * 100:.2f}%", f"{unsub * 100:.2f}%")
-    crossover = truth_crossover(s)
-    verdict = (f"one more send costs more unsubscribes than it earns clicks from {crossover} sends a week"
-               if crossover else "no crossover: clicks outweigh unsubscribes at every volume reached")
-    return Group(title, table, Text(verdict, style="bold"))
+    for label, sends, clicks, unsubs in realised(s):
+        table.add_row(label, f"{sends:,}", _share(clicks, sends), _share(unsubs, sends))
+    return Group(Text(REALISED_TITLE, style="bold"), table, Text(REALISED_NOTE, style="dim"))
 
 
 OVERALL_TRUTH = "*"
@@ -445,7 +483,14 @@ def _marginal_renderable(s: Summary) -> RenderableType:
         table.add_column(name)
     for seg, said, truth_text, agree in crossover_rows(s):
         table.add_row(seg, said, truth_text, "✓" if agree else "✗")
-    return Group(marginal_table(s.marginal.overall), table)
+    return Group(Text(fatigue_lead(s), style="bold"), table, marginal_table(s.marginal.overall))
+
+
+def fatigue_lead(s: Summary) -> str:
+    """The run's one sentence on fatigue: the marginal measure and the noiseless truth, all users."""
+    seg, said, truth_text, agree = crossover_rows(s)[0]
+    return (f"Fatigue, {seg}: the marginal measure says {said}; the truth (no noise) says {truth_text} "
+            + ("✓" if agree else "✗ (they disagree)"))
 
 
 def comparison(governed: Summary, off: Summary) -> tuple[Table, bool]:
@@ -675,7 +720,7 @@ def _fatigue_charts(s: Summary) -> list[Chart]:
     return [
         line_chart(series, f"{title} ({s.label})", color, [(r.bucket, getattr(r, series)) for r in rows],
                    x_range=(1, TOP_BUCKET), x_labels={TOP_BUCKET: f"{TOP_BUCKET}+"}, x_name="bucket",
-                   x_label="sends received in the last 7 days (bucket)", crossover=s.fatigue.crossover_bucket)
+                   x_label="sends received in the last 7 days (bucket)", crossover=confirmed_bucket(s))
         for series, title, color in (("ctr", "Click-through rate", CTR_COLOR),
                                      ("unsubscribe_rate", "Unsubscribe rate", UNSUBSCRIBE_COLOR))
     ]
@@ -695,6 +740,7 @@ def _marginal_context(s: Summary) -> dict[str, Any] | None:
         return None
     overall = s.marginal.overall
     return {
+        "lead": fatigue_lead(s),
         "title": f"Marginal fatigue, {segment_title(overall.segment)}: {overall.verdict_text()}",
         "header": ("position", "sends", "clicks", "unsubscribes", "click rate", "95% interval", "unsubscribe rate",
                    "95% interval", "crossover"),
@@ -718,7 +764,6 @@ def _run_context(s: Summary) -> dict[str, Any]:
     median, p90, top = s.weekly
     e = s.exempt
     fatigue = s.fatigue is not None and bool(s.fatigue.rows)
-    crossover = truth_crossover(s)
     return {
         "title": s.label.capitalize(),
         "header": tuple(HEADERS[c] for c in COLUMNS),
@@ -737,16 +782,18 @@ def _run_context(s: Summary) -> dict[str, Any]:
         "line_charts": _fatigue_charts(s) if fatigue else [],
         "fatigue_available": s.fatigue is not None,
         "fatigue_verdict": fatigue_verdict(s) if fatigue else None,
+        "fatigue_title": SEEDS_VIEW_TITLE,
         "fatigue_header": ("bucket", "subscribers", "accepted", "clicks", "unsubscribes", "CTR", "unsubscribe rate",
                            "crossover"),
         "fatigue_rows": [
             {"crossover": r.crossover, "cells": (
                 r.label, f"{r.subscribers:,}", f"{r.accepted:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}",
                 _percent(r.ctr, 1), _percent(r.unsubscribe_rate), "◀" if r.crossover else "")}
-            for r in (s.fatigue.rows if fatigue else ())
+            for r in (seeds_view(s).rows if fatigue else ())
         ],
-        "truth": [(label, f"{n:,}", f"{c * 100:.2f}%", f"{u * 100:.2f}%") for label, n, c, u in truth(s)],
-        "truth_verdict": f"Crossover from {crossover} sends a week." if crossover else "No crossover reached.",
+        "realised_title": REALISED_TITLE,
+        "realised": [(label, f"{n:,}", _share(c, n), _share(u, n)) for label, n, c, u in realised(s)],
+        "realised_note": REALISED_NOTE,
         "marginal": _marginal_context(s),
     }
 
