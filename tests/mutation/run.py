@@ -260,6 +260,17 @@ MUTANTS = [
             "tests/acceptance/test_beacons.py::test_a_token_for_another_user_message_or_subscription_is_refused",
         ),
     ),
+    Mutant(
+        "s_server_cpu_counts_the_postmaster_alone",
+        "gov bench's server CPU counts the postmaster's own time only: neither its live children nor the exited ones",
+        (
+            ("gov/lab/bench/server_cpu.py", "total = sum(int(x) for x in own[11:15])",
+             "total = sum(int(x) for x in own[11:13])", 1),
+            ("gov/lab/bench/server_cpu.py", "if fields is not None and fields[1] == str(postmaster):",
+             "if fields is not None and fields[0] == str(postmaster):", 1),
+        ),
+        ("tests/acceptance/test_bench.py::test_compare_url_measures_both_targets_with_ratios_and_server_cpu",),
+    ),
 ]
 
 
