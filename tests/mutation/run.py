@@ -42,6 +42,7 @@ HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
 SURFACE_TEST = "tests/migration/test_sql_surface.py"
 SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
+EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
@@ -63,7 +64,7 @@ MUTANTS = [
         (
             ("sql/schema/30_hold_release.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
              "IF false THEN", 1),
-            ("sql/migrations/0016_distributable.sql",
+            ("sql/migrations/0028_release_order.sql",
              "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
         ),
         ("tests/integration/test_queue.py::test_defer_max_holds_at_release_when_the_slot_is_taken_again",),
@@ -87,7 +88,7 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            ("sql/migrations/0016_distributable.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            ("sql/migrations/0028_release_order.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -270,6 +271,29 @@ MUTANTS = [
              "if fields is not None and fields[0] == str(postmaster):", 1),
         ),
         ("tests/acceptance/test_bench.py::test_compare_url_measures_both_targets_with_ratios_and_server_cpu",),
+    ),
+    Mutant(
+        "u_release_order_by_release_time",
+        "the release order back to release time and id (no earliest deadline first, no tier tie-break)",
+        (
+            ("sql/schema/30_hold_release.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+            ("sql/migrations/0028_release_order.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+        ),
+        (
+            "tests/integration/test_release_order.py::test_the_slot_goes_to_the_nearest_deadline",
+            "tests/integration/test_release_order.py::test_on_the_same_deadline_the_higher_tier_goes_first",
+            "tests/integration/test_release_order.py::test_the_order_holds_under_concurrent_releasers",
+        ),
+    ),
+    Mutant(
+        "v_a_fresh_message_takes_an_owed_slot",
+        "gov.send_v1 decides a holding tier's message without first releasing the rows owed the slot",
+        (
+            ("sql/schema/20_decide.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n", "    IF false THEN\n", 1),
+            ("sql/migrations/0028_release_order.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n",
+             "    IF false THEN\n", 1),
+        ),
+        ("tests/integration/test_release_order.py::test_a_fresh_message_does_not_take_a_slot_owed_to_a_nearer_deadline",),
     ),
 ]
 

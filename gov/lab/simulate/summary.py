@@ -102,6 +102,8 @@ class Summary:
     collapse_split: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (tier, messages, alone, summarised,
     #                                                                       held, expired) per collapse tier
     expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
+    # (tier, ttl_expired, of which a slot went to a later deadline) per tier (sim_expired_split)
+    expired_split: tuple[tuple[str, int, int], ...] = ()
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
     marginal: Any = None  # gov.analytics.marginal.MarginalReport over the whole run, or None when unavailable
     # ground truth by the marginal measure's definition: (segment, position, sends,
@@ -191,6 +193,9 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         expired_keys = tuple(
             (str(t), str(k), int(n)) for t, k, n in source.execute(q("sim_collapse_expired_by_key"), {})
         )
+        expired_split = tuple(
+            (str(t), int(n), int(later)) for t, n, later in source.execute(q("sim_expired_split"), {})
+        )
     finally:
         source.close()
     unsubscribed = next((u for e, _, u in events if e == "unsubscribe"), stats.unsubscribed)
@@ -217,6 +222,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         fatigue=fatigue,
         collapse_split=split,  # type: ignore[arg-type]
         expired_by_key=expired_keys,
+        expired_split=expired_split,
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
         marginal=marginal,
         truth_positions=tuple(
@@ -288,6 +294,25 @@ def collapse_lines(s: Summary) -> list[Text]:
     return out
 
 
+def expired_lines(s: Summary) -> list[Text]:
+    """Per tier: its TTL-expired messages, split by whether a slot went to a later deadline.
+
+    "A slot went to a later deadline": between the message's hold and its deadline the user
+    was sent, in the message's own budget, a message of another group whose own deadline was
+    later (sql/queries_simulate.sql, sim_expired_split). Earliest deadline first makes it 0.
+    """
+    out = []
+    for tier, expired, later in s.expired_split:
+        text = Text(f"{tier} expired (TTL): ", style="bold")
+        text.append(
+            f"{expired:,}: {expired - later:,} no slot opened before its TTL, "
+            f"{later:,} a slot went to a later deadline",
+            style="green" if later == 0 else "red",
+        )
+        out.append(text)
+    return out
+
+
 def engagement_text(s: Summary) -> str:
     if not s.events_available:
         return f"{s.unsubscribed:,} users unsubscribed (no telemetry)"
@@ -302,6 +327,7 @@ def render(s: Summary) -> RenderableType:
     parts.append(_rows_table("Per team", s.by_team, "team"))
     parts.append(exempt_line(s))
     parts.extend(collapse_lines(s))
+    parts.extend(expired_lines(s))
     parts.append(Text(""))
     rules = Table(title="Top blocking rules", title_justify="left", title_style="bold")
     for name, justify in (("rule", "left"), ("tier", "left"), ("action", "left"), ("suppressed", "right")):
@@ -772,7 +798,9 @@ def _run_context(s: Summary) -> dict[str, Any]:
         "exempt_ok": e.ok,
         "exempt": f"P0: {e.messages:,} messages, {e.all_delivered:,} delivered to every endpoint, "
                   f"{e.suppressed:,} suppressed {'✓' if e.ok else '✗'}",
-        "collapse": [{"text": line.plain, "ok": line.style == "green"} for line in collapse_lines(s)],
+        "collapse": [
+            {"text": line.plain, "ok": line.style == "green"} for line in [*collapse_lines(s), *expired_lines(s)]
+        ],
         "blocking": [(r, t, a, f"{n:,}") for r, t, a, n in s.blocking],
         "sends": f"Sends per user per week: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
                  f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests "
