@@ -149,6 +149,8 @@ SELECT m.tier, coalesce(c.collapse_key, '(no key)') AS key, count(*) AS expired
 -- One tick's engagement events in one statement: gov.record_event_v1 for each, as
 -- gov.analytics.events.record_event calls it one at a time (each event is its own row,
 -- no order between them matters); one round trip and one commit instead of one per event.
+-- Each at its own moment: with the hour effect a notification may show later than delivered.
 SELECT count(*)
-  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[]) AS x(u, m, e, s)
- CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, %(at)s) AS r;
+  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[],
+              %(ats)s::timestamptz[]) AS x(u, m, e, s, t)
+ CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, x.t) AS r;
