@@ -154,3 +154,17 @@ SELECT count(*)
   FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[],
               %(ats)s::timestamptz[]) AS x(u, m, e, s, t)
  CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, x.t) AS r;
+
+-- name: sim_hour_curve
+-- All users' estimated click rate by hour (gov.hour_curves_v1), for the best-hours comparison.
+SELECT c.hour, c.estimate
+  FROM gov.hour_curves_v1(%(since)s, %(now)s, %(strength)s) c
+ WHERE c.segment IS NULL
+ ORDER BY c.hour;
+
+-- name: sim_best_hours
+-- Every user's estimated best hour with their displays and clicks in the window.
+SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.displays) AS displays, sum(e.clicks) AS clicks
+  FROM gov.user_hour_estimates(%(since)s, %(now)s, %(strength)s, NULL) e
+ GROUP BY e.user_id
+ ORDER BY e.user_id;

@@ -1,5 +1,6 @@
 -- Migration 0029: the best hours (issue 30, item 1): gov.display_hours (internal),
--- gov.hour_curves_v1, gov.best_hours_v1 and the view gov.hour_curve, as in
+-- gov.hour_curves_v1, gov.user_hour_estimates (internal), gov.best_hours_v1 and the view
+-- gov.hour_curve, as in
 -- sql/schema/50_analytics.sql at this revision.
 
 -- ---------------------------------------------------------------- the best hours
@@ -101,13 +102,58 @@ BEGIN
 END;
 $$;
 
--- One user's click rate by local hour of day (docs/analysts.md): their own displays and
--- clicks per hour, the prior (their segment's estimate for the hour, all users' when
--- they have no segment or it has no data) and the estimate, the beta-binomial posterior
--- mean (clicks + p_strength * prior) / (displays + p_strength). A user with no data gets
--- the prior's shape, not one fixed hour; one with many displays an hour their own.
--- best: the hour of the highest estimate (the earliest on a tie); NULL estimates and
--- best when no one displayed anything in the window.
+-- Every user's click rate by local hour of day (p_user_id NULL: each user with a display
+-- in the window; else that one user, 24 rows even without data): their own displays and
+-- clicks per hour, the prior (their segment's estimate for the hour, all users' when they
+-- have no segment or it has no data) and the estimate, the beta-binomial posterior mean
+-- (clicks + p_strength * prior) / (displays + p_strength). best: the hour of the highest
+-- estimate (the earliest on a tie); NULL estimates and best when no one displayed
+-- anything in the window. Internal: gov.best_hours_v1 is one user's, and gov simulate
+-- reads everyone's at once to compare them with its users' hidden hours.
+CREATE FUNCTION gov.user_hour_estimates(
+    p_since    interval,
+    p_now      timestamptz,
+    p_strength double precision,
+    p_user_id  text DEFAULT NULL
+) RETURNS TABLE (user_id text, hour integer, displays bigint, clicks bigint, prior double precision,
+                 estimate double precision, best boolean)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH c AS (
+        SELECT * FROM gov.hour_curves_v1(p_since, p_now, p_strength)
+    ), d AS (
+        SELECT * FROM gov.display_hours(p_since, p_now, p_user_id)
+    ), who AS (
+        -- one user: their segment through the analysts' view (gov.users itself is private)
+        SELECT p_user_id AS user_id, (SELECT s.segment FROM gov.user_segments s WHERE s.user_id = p_user_id) AS segment
+         WHERE p_user_id IS NOT NULL
+        UNION ALL
+        SELECT DISTINCT d.user_id, d.segment FROM d WHERE p_user_id IS NULL
+    ), est AS (
+        SELECT w.user_id, p.hour, coalesce(o.displays, 0)::bigint AS displays, coalesce(o.clicks, 0)::bigint AS clicks,
+               coalesce(s.estimate, p.estimate) AS prior
+          FROM who w
+          JOIN c p ON p.segment IS NULL
+          LEFT JOIN c s ON s.segment = w.segment AND s.hour = p.hour
+          LEFT JOIN d o ON o.user_id = w.user_id AND o.hour = p.hour
+    ), shrunk AS (
+        SELECT e.user_id, e.hour, e.displays, e.clicks, e.prior,
+               (e.clicks + p_strength * e.prior) / (e.displays + p_strength) AS estimate
+          FROM est e
+    )
+    SELECT x.user_id, x.hour, x.displays, x.clicks, x.prior, x.estimate,
+           CASE WHEN x.estimate IS NOT NULL
+                THEN row_number() OVER (PARTITION BY x.user_id ORDER BY x.estimate DESC NULLS LAST, x.hour) = 1 END
+      FROM shrunk x
+     ORDER BY x.user_id, x.hour;
+END;
+$$;
+
+-- One user's click rate by local hour of day (docs/analysts.md): 24 rows, as
+-- gov.user_hour_estimates gives them. A user with no data gets the prior's shape, not
+-- one fixed hour; one with many displays an hour their own.
 CREATE FUNCTION gov.best_hours_v1(
     p_user_id  text,
     p_since    interval         DEFAULT '56 days',
@@ -117,38 +163,14 @@ CREATE FUNCTION gov.best_hours_v1(
                  estimate double precision, best boolean)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
-DECLARE
-    v_now     timestamptz := coalesce(p_now, clock_timestamp());
-    v_segment text;
 BEGIN
     IF p_user_id IS NULL THEN
         RAISE EXCEPTION 'best hours: a user id is required' USING ERRCODE = '22023';
     END IF;
-    -- through the analysts' view: gov.users itself is private
-    SELECT s.segment INTO v_segment FROM gov.user_segments s WHERE s.user_id = p_user_id;
     RETURN QUERY
-    WITH c AS (
-        SELECT * FROM gov.hour_curves_v1(p_since, v_now, p_strength) c
-         WHERE c.segment IS NULL OR c.segment = v_segment
-    ), own AS (
-        SELECT d.hour, d.displays, d.clicks FROM gov.display_hours(p_since, v_now, p_user_id) d
-    ), est AS (
-        SELECT p.hour, coalesce(o.displays, 0)::bigint AS displays, coalesce(o.clicks, 0)::bigint AS clicks,
-               coalesce(s.estimate, p.estimate) AS prior
-          FROM c p
-          LEFT JOIN c s ON s.segment IS NOT NULL AND s.hour = p.hour
-          LEFT JOIN own o ON o.hour = p.hour
-         WHERE p.segment IS NULL
-    ), shrunk AS (
-        SELECT e.hour, e.displays, e.clicks, e.prior,
-               (e.clicks + p_strength * e.prior) / (e.displays + p_strength) AS estimate
-          FROM est e
-    )
-    SELECT x.hour, x.displays, x.clicks, x.prior, x.estimate,
-           CASE WHEN x.estimate IS NOT NULL
-                THEN row_number() OVER (ORDER BY x.estimate DESC NULLS LAST, x.hour) = 1 END
-      FROM shrunk x
-     ORDER BY x.hour;
+    SELECT e.hour, e.displays, e.clicks, e.prior, e.estimate, e.best
+      FROM gov.user_hour_estimates(p_since, coalesce(p_now, clock_timestamp()), p_strength, p_user_id) e
+     ORDER BY e.hour;
 END;
 $$;
 

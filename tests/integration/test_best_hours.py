@@ -167,3 +167,23 @@ def test_no_data_at_all_gives_no_best_hour(conn: psycopg.Connection[Any]) -> Non
     assert conn.execute("SELECT count(*) FROM gov.hour_curve").fetchone() == (24,)
     with pytest.raises(errors.InvalidParameterValue):
         conn.execute("SELECT * FROM gov.best_hours_v1(NULL)")
+
+
+def test_everyones_estimates_at_once_are_each_users_own(conn: psycopg.Connection[Any]) -> None:
+    crowd(conn, n=4, peak=20)
+    crowd(conn, n=3, segment="early", peak=7, prefix="e")
+    user(conn, "owl", "Asia/Tokyo")
+    for day in range(1, 31):
+        shown(conn, "owl", f"n{day}", at_utc_hour(day, 18), clicked=True)  # 03:10 in Tokyo
+    user(conn, "silent")  # no display: not among everyone's (nothing of their own to estimate)
+    everyone = conn.execute(
+        "SELECT user_id, hour, displays, clicks, prior, estimate, best"
+        " FROM gov.user_hour_estimates(interval '56 days', %s, 20, NULL)", (NOW,)).fetchall()
+    users = sorted({r[0] for r in everyone})
+    assert users == sorted([*(f"c{i}" for i in range(4)), *(f"e{i}" for i in range(3)), "owl"])
+    for uid in users:
+        mine = [r[1:] for r in everyone if r[0] == uid]
+        assert mine == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r)
+                        for r in best_hours(conn, uid)]
+    assert {r[0]: r[1] for r in everyone if r[6]} == {**{f"c{i}": 20 for i in range(4)},
+                                                      **{f"e{i}": 7 for i in range(3)}, "owl": 3}

@@ -79,3 +79,19 @@ def test_clicks_follow_the_hour_of_display() -> None:
     bad = sum(react(1, "u", f"m{i}", kind, 0, hour=0.5)[1] == "click" for i in range(4000))
     plain = sum(react(1, "u", f"m{i}", kind, 0)[1] == "click" for i in range(4000))
     assert 2.4 < good / bad < 3.6 and bad < plain < good
+
+
+def test_the_recovery_note_compares_in_gvs_own_hours() -> None:
+    from gov.lab.simulate.hours import HourRecovery, hours_lines, pearson, reference_hours
+
+    users = population(200, seed=1)
+    told = next(u for u in users if u.time_zone is not None)
+    assert reference_hours(told, T) == list(told.hours)
+    # a user who never told a zone is counted by gov in UTC hours: their curve shifted there
+    silent = next(u for u in users if u.time_zone is None and u.home_zone == "Asia/Tokyo")
+    shifted = reference_hours(silent, T)
+    assert shifted == [silent.hours[(h + 9) % 24] for h in range(24)]
+    assert pearson([1, 2, 3], [2, 4, 6]) == 1.0 and pearson([1, 1], [1, 2]) is None
+    lines = hours_lines(HourRecovery(0.93, (("1–4", 10, 3), ("20+", 4, 2)), (("0", 8, 1),)))
+    assert "correlates 0.93" in lines[0]
+    assert "1–4 displays: 30 % of 10; 20+ displays: 50 % of 4" in lines[1] and "0 clicks: 12 % of 8" in lines[2]
