@@ -56,7 +56,7 @@ GRANT SELECT ON gov.push_suppressions, gov.push_events, gov.messages, gov.sends,
                 gov.tiers, gov.tier_consumes, gov.caps, gov.segment_caps,
                 gov.campaign_shortfall, gov.suppressions_daily, gov.revocation_suspects,
                 gov.deferred, gov.deferral_outcomes, gov.segment_suppressions_daily, gov.segment_sizes,
-                gov.user_segments
+                gov.user_segments, gov.hour_curve
    TO {role};
 
 -- name: grant_analyst_subscription_columns

@@ -149,9 +149,11 @@ SELECT m.tier, coalesce(c.collapse_key, '(no key)') AS key, count(*) AS expired
 -- One tick's engagement events in one statement: gov.record_event_v1 for each, as
 -- gov.analytics.events.record_event calls it one at a time (each event is its own row,
 -- no order between them matters); one round trip and one commit instead of one per event.
+-- Each at its own moment: with the hour effect a notification may show later than delivered.
 SELECT count(*)
-  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[]) AS x(u, m, e, s)
- CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, %(at)s) AS r;
+  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[],
+              %(ats)s::timestamptz[]) AS x(u, m, e, s, t)
+ CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, x.t) AS r;
 
 -- name: sim_new_outbox
 -- Outbox rows queued since the last tick that no call returned: held rows a send released
@@ -187,3 +189,17 @@ SELECT e.tier, count(*) AS expired,
   FROM e
  GROUP BY e.tier
  ORDER BY e.tier;
+
+-- name: sim_hour_curve
+-- All users' estimated click rate by hour (gov.hour_curves_v1), for the best-hours comparison.
+SELECT c.hour, c.estimate
+  FROM gov.hour_curves_v1(%(since)s, %(now)s, %(strength)s) c
+ WHERE c.segment IS NULL
+ ORDER BY c.hour;
+
+-- name: sim_best_hours
+-- Every user's estimated best hour with their displays and clicks in the window.
+SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.displays) AS displays, sum(e.clicks) AS clicks
+  FROM gov.user_hour_estimates(%(since)s, %(now)s, %(strength)s, NULL) e
+ GROUP BY e.user_id
+ ORDER BY e.user_id;

@@ -295,6 +295,25 @@ MUTANTS = [
         ),
         ("tests/integration/test_release_order.py::test_a_fresh_message_does_not_take_a_slot_owed_to_a_nearer_deadline",),
     ),
+    Mutant(
+        "w_best_hours_at_click_time",
+        "the best hours place a clicked message at the hour of its click, not of its display",
+        tuple(
+            (f, "coalesce(min(e.created_at) FILTER (WHERE e.event = 'display'), min(e.created_at)) AS shown_at",
+             "max(e.created_at) AS shown_at", 1)
+            for f in ("sql/schema/50_analytics.sql", "sql/migrations/0029_best_hours.sql")
+        ),
+        ("tests/integration/test_best_hours.py::test_hours_are_local_at_display_and_dst_moves_none",),
+    ),
+    Mutant(
+        "x_best_hours_skip_the_segment",
+        "a user's best hours are shrunk toward all users' curve even when their segment has its own",
+        tuple(
+            (f, "coalesce(s.estimate, p.estimate) AS prior", "p.estimate AS prior", 1)
+            for f in ("sql/schema/50_analytics.sql", "sql/migrations/0029_best_hours.sql")
+        ),
+        ("tests/integration/test_best_hours.py::test_a_segment_with_its_own_hours_is_the_prior_of_its_users",),
+    ),
 ]
 
 

@@ -51,6 +51,10 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
 @option("--tolerance", envvar="GOV_SIMULATE_TOLERANCE", type=click.FloatRange(0.1, 10.0), default=1.0,
         help="Stretch every simulated fatigue curve along the volume axis: 2 moves every true crossover "
         "to about twice the weekly volume.")
+@option("--hour-effect", envvar="GOV_SIMULATE_HOUR_EFFECT", type=click.FloatRange(0.0, 0.9), default=0.5,
+        help="Amplitude of the users' hidden responsiveness by local hour (morning, lunch or evening people, "
+        "each with noise): it delays display while their browser is closed and scales clicks by the hour of "
+        "display; 0.5 makes the best hour about 3x the worst, 0 turns it off.")
 @option("--html", "html_file", envvar="GOV_SIMULATE_HTML", default=None,
         type=click.Path(dir_okay=False, path_type=Path),
         help="Also write the summary to this file as a self-contained HTML page with SVG charts.")
@@ -69,6 +73,7 @@ def simulate(
     policy_file: Path | None,
     seed: int,
     tolerance: float,
+    hour_effect: float,
     html_file: Path | None,
     compare: bool,
     keep: bool,
@@ -91,7 +96,8 @@ def simulate(
                 policy_text, policy_name = policy_file.read_text(encoding="utf-8"), f"policy {policy_file.name}"
             except (OSError, UnicodeDecodeError) as exc:
                 raise GovError(f"cannot read {policy_file}: {exc}") from None
-        config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, policy_text=policy_text,
+        config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, hour_effect=hour_effect,
+                           policy_text=policy_text,
                            policy_name=policy_name or "default policy")
         load_policy(config)  # a bad file is refused before anything starts
         started = time.perf_counter()

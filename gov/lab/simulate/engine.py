@@ -56,8 +56,10 @@ from gov.lab.simulate.story import (
     SimUser,
     Story,
     expected,
+    hour_factor,
     population,
     react,
+    shown_at,
 )
 from gov.lab.simulate.summary import Summary, collect
 from gov.queries import q
@@ -285,6 +287,10 @@ def _record_event_fn() -> Callable[..., Any] | None:
     return check_event
 
 
+#: One engagement event to record: (user, message, event, subscription, when).
+Event = tuple[str, str, str, int, datetime]
+
+
 class _Telemetry:
     """Records the users' events (gov.record_event_v1, a tick's at once), off the tick's critical path.
 
@@ -300,23 +306,24 @@ class _Telemetry:
         self._futures: list[Future[int]] = []
         self.recorded = 0
 
-    def _write(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> int:
+    def _write(self, gov: Governor, events: list[Event]) -> int:
         # record_event's own checks for each event, then gov.record_event_v1 for all of them
         # in one statement: the very rows record_event writes, one round trip per chunk
-        for user_id, message_id, event, subscription_id in events:
+        for user_id, message_id, event, subscription_id, _ in events:
             self._check_event(user_id, message_id, event, subscription_id)
         with translate_errors():
             gov.source.execute(q("sim_record_events"), {
                 "user_ids": [e[0] for e in events], "message_ids": [e[1] for e in events],
-                "events": [e[2] for e in events], "subscription_ids": [e[3] for e in events], "at": at,
+                "events": [e[2] for e in events], "subscription_ids": [e[3] for e in events],
+                "ats": [e[4] for e in events],
             })
         return len(events)
 
-    def record(self, gov: Governor, events: list[tuple[str, str, str, int]], at: datetime) -> None:
+    def record(self, gov: Governor, events: list[Event]) -> None:
         for part in range(self._threads):
             chunk = events[part :: self._threads]
             if chunk:
-                self._futures.append(self._pool.submit(self._write, gov, chunk, at))
+                self._futures.append(self._pool.submit(self._write, gov, chunk))
         if len(self._futures) > 1000:  # collect what is done (and raise what failed)
             done = [f for f in self._futures if f.done()]
             self.recorded += sum(f.result() for f in done)
@@ -555,12 +562,20 @@ class Engine:
                 group.append(row)
         events = self._react(messages, now)
         if events and self._telemetry is not None:
-            self._telemetry.record(gov, events, now)
+            self._telemetry.record(gov, events)
         return pending
 
-    def _react(self, items: list[tuple[str, str, int]], now: datetime) -> list[tuple[str, str, str, int]]:
-        """Users react to what they received (in a fixed order); return the events to record."""
-        events: list[tuple[str, str, str, int]] = []
+    def _react(self, items: list[tuple[str, str, int]], now: datetime) -> list[Event]:
+        """Users react to what they received (in a fixed order); return the events to record.
+
+        With an hour effect a notification may be displayed later than delivered (the
+        browser was closed, story.shown_at): its display and reaction are recorded at
+        that moment and its click probability read at that local hour. The reaction is
+        still drawn now, on this week's volume as of the delivery, and an unsubscribe
+        takes effect at once (the teams stop sending a tick later, as without the effect).
+        """
+        events: list[Event] = []
+        amplitude = self.config.hour_effect
         for user_id, message_id, subscription_id in items:
             user = self.by_id[user_id]
             if user.index in self.unsubscribed:
@@ -568,8 +583,14 @@ class Engine:
             kind = KINDS[message_id.split("-", 1)[0]]
             volume = self.reader.volume(user.index, now)
             tolerance = SEGMENTS[user.segment] * self.config.tolerance
-            displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume, tolerance)
-            e_click, e_unsub = expected(kind, volume, tolerance)
+            shown = shown_at(self.config.seed, user, message_id, now, kind.ttl_s, amplitude)
+            if shown is None:  # the push service dropped it at its TTL: the browser never opened in time
+                displayed, outcome, shown = False, "ignore", now
+                e_click, e_unsub = 0.0, 0.0
+            else:
+                hour = hour_factor(user, shown, amplitude)
+                displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume, tolerance, hour)
+                e_click, e_unsub = expected(kind, volume, tolerance, hour)
             truth = self.stats.truth.setdefault((user.segment, volume), [0, 0.0, 0.0])
             truth[0] += 1
             truth[1] += e_click
@@ -581,9 +602,9 @@ class Engine:
             counts[2] += outcome == "unsubscribe"
             # one device shows it: the report counts messages, not endpoints
             if displayed:
-                events.append((user_id, message_id, "display", subscription_id))
+                events.append((user_id, message_id, "display", subscription_id, shown))
             if outcome != "ignore":
-                events.append((user_id, message_id, outcome, subscription_id))
+                events.append((user_id, message_id, outcome, subscription_id, shown))
             if outcome == "unsubscribe":
                 self.unsubscribed.add(user.index)  # for good
         return events

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gov.lab.simulate.story import DAY, DEFAULT_START
+from gov.lab.simulate.story import DAY, DEFAULT_HOUR_EFFECT, DEFAULT_START
 
 CURVE_TOP = 15  # the ground-truth curve groups 15 and more sends a week together
 
@@ -20,6 +20,9 @@ class SimConfig:
     days: int = 14
     seed: int = 1
     tolerance: float = 1.0  # stretches every fatigue curve along the volume axis (story.probabilities)
+    # amplitude of the users' hidden responsiveness by local hour (story.hidden_hours): 0 plays
+    # the run without it, every notification displayed on delivery and clicked whatever the hour
+    hour_effect: float = DEFAULT_HOUR_EFFECT
     policy_text: str | None = None
     policy_name: str = "default policy"
     start: datetime = DEFAULT_START

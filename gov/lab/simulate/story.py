@@ -103,6 +103,9 @@ class SimUser:
     lapsed: bool  # in the lifecycle team's win-back cohort
     marketing: bool  # opted into marketing pushes (campaigns, flash sales)
     segment: str = "casual"  # the app's own segment, told to gov (gov.users.segment); see SEGMENTS
+    # hidden responsiveness by local hour of day (home zone), in [-1, 1] (hidden_hours):
+    # gov never sees it, only what it shapes (when a notification shows, whether it is clicked)
+    hours: tuple[float, ...] = ()
 
 
 #: The app's segments and how much volume each tolerates: a segment's tolerance stretches
@@ -186,7 +189,8 @@ def population(users: int, seed: int) -> list[SimUser]:
                 marketing=r.random() < 0.50,
             )
         )
-        out[-1] = replace(out[-1], segment=segment_of(out[-1].activity, out[-1].lapsed))
+        out[-1] = replace(out[-1], segment=segment_of(out[-1].activity, out[-1].lapsed),
+                          hours=hidden_hours(seed, out[-1].user_id))
     return out
 
 
@@ -348,6 +352,69 @@ class Story:
 
 # ---------------------------------------------------------------- engagement
 
+#: The typical shapes of a user's day (the local hour they respond best at) and their
+#: shares; each user's peak is shifted by up to PEAK_SHIFT hours and every hour gets
+#: noise of its own, so no two users are alike.
+HOUR_SHAPES: tuple[tuple[float, float], ...] = ((8.0, 0.30), (12.5, 0.30), (20.0, 0.40))  # morning, lunch, evening
+PEAK_SHIFT = 1.5  # hours, either way
+HOUR_NOISE = 0.35  # relative to the daily swing
+MIN_OPEN = 0.05  # even at a user's worst hour, a browser is sometimes open
+DEFAULT_HOUR_EFFECT = 0.5  # the best hour (1 + 0.5) three times as responsive as the worst (1 - 0.5)
+
+
+def hidden_hours(seed: int, user_id: str) -> tuple[float, ...]:
+    """A user's hidden responsiveness by local hour of day, 24 values scaled to [-1, 1].
+
+    Drawn from its own generator (seed, user): the population's other traits, and so the
+    traffic, are the same with or without it.
+    """
+    r = rng(seed, "hours", user_id)
+    peak = _pick(r, HOUR_SHAPES) + r.uniform(-PEAK_SHIFT, PEAK_SHIFT)
+    raw = [math.cos(2 * math.pi * (h - peak) / 24) + HOUR_NOISE * r.uniform(-1, 1) for h in range(24)]
+    lo, hi = min(raw), max(raw)
+    return tuple(2 * (x - lo) / (hi - lo) - 1 for x in raw)
+
+
+def hidden_best_hour(user: SimUser) -> int:
+    """The local hour a user responds best at (what gov's estimate should find)."""
+    return max(range(24), key=lambda h: (user.hours[h], -h))
+
+
+def hour_factor(user: SimUser, at: datetime, amplitude: float) -> float:
+    """How much of the click probability a notification displayed at ``at`` gets: 1 + amplitude * g(local hour)."""
+    if amplitude == 0 or not user.hours:
+        return 1.0
+    return 1.0 + amplitude * user.hours[at.astimezone(_zone(user.home_zone)).hour]
+
+
+def shown_at(seed: int, user: SimUser, message_id: str, delivered: datetime, ttl_s: int,
+             amplitude: float) -> datetime | None:
+    """When a notification delivered at ``delivered`` is displayed; None if its TTL ran out first.
+
+    A desktop browser shows a push only while it runs: at a user's local hour h it is open
+    with probability 1 - amplitude * (1 - g(h)) (at least MIN_OPEN), so at their best
+    hour always, at their worst (amplitude 0.5) hardly ever: a browser closed at night
+    shows the notification in the morning. Checked at delivery, then once an hour (at a
+    moment within it), while the push service still holds the message (its TTL, counted
+    from the delivery). Amplitude 0: displayed on delivery, as before the hour effect.
+    """
+    if amplitude == 0 or not user.hours:
+        return delivered
+    zone = _zone(user.home_zone)
+    hour_start = delivered.replace(minute=0, second=0, microsecond=0)
+    k = 0
+    while True:
+        if k == 0:
+            at = delivered
+        else:
+            at = hour_start + timedelta(hours=k, seconds=int(3600 * uniform(seed, "when", user.user_id, message_id, k)))
+        if (at - delivered).total_seconds() > ttl_s:
+            return None
+        p_open = max(MIN_OPEN, 1.0 - amplitude * (1.0 - user.hours[at.astimezone(zone).hour]))
+        if uniform(seed, "open", user.user_id, message_id, k) < p_open:
+            return at
+        k += 1
+
 
 #: What a user does with a notification once it is displayed.
 OUTCOMES = ("click", "close", "ignore", "unsubscribe")
@@ -368,39 +435,42 @@ def unsubscribe_probability(volume: float, weight: float) -> float:
     return min(0.25, weight * (0.0002 + 0.0003 * (volume / 4.0) ** 4))
 
 
-def probabilities(kind: Kind, volume: int, tolerance: float = 1.0) -> tuple[float, float]:
+def probabilities(kind: Kind, volume: int, tolerance: float = 1.0, hour: float = 1.0) -> tuple[float, float]:
     """(P(unsubscribe), P(click)) of one displayed message after ``volume`` sends this week.
 
     ``tolerance`` stretches both fatigue curves along the volume axis: a user of tolerance
-    2 is as tired after 10 sends as one of tolerance 1 after 5.
+    2 is as tired after 10 sends as one of tolerance 1 after 5. ``hour`` is the user's
+    responsiveness at the local hour of display (:func:`hour_factor`), which scales the
+    click probability only: fatigue comes from the volume, whatever the hour.
     """
     felt = volume / tolerance
     p_unsub = unsubscribe_probability(felt, kind.unsubscribe)
-    return p_unsub, kind.click * fatigue_click_factor(felt)
+    return p_unsub, min(kind.click * fatigue_click_factor(felt) * hour, 1.0 - p_unsub)
 
 
-def expected(kind: Kind, volume: int, tolerance: float = 1.0) -> tuple[float, float]:
+def expected(kind: Kind, volume: int, tolerance: float = 1.0, hour: float = 1.0) -> tuple[float, float]:
     """(expected clicks, expected unsubscribes) of one delivered message: the dice of
     :func:`react` without the noise (the ground truth the fatigue measure estimates)."""
-    p_unsub, p_click = probabilities(kind, volume, tolerance)
+    p_unsub, p_click = probabilities(kind, volume, tolerance, hour)
     p_click = min(p_click, 1.0 - p_unsub)
     return DISPLAY_RATE * p_click, DISPLAY_RATE * p_unsub
 
 
 def react(
-    seed: int, user_id: str, message_id: str, kind: Kind, volume: int, tolerance: float = 1.0
+    seed: int, user_id: str, message_id: str, kind: Kind, volume: int, tolerance: float = 1.0, hour: float = 1.0
 ) -> tuple[bool, str]:
     """(displayed, outcome) of one delivered message, for a user who got ``volume`` this week.
 
     The draw is keyed by (seed, user, message), not taken from a shared stream: the same
     message meets the same dice in the governed and the ungoverned run, so the two differ
     only by the volume the user had received (common random numbers). ``tolerance`` is
-    the user's (their segment's times the run's ``--tolerance``), see :func:`probabilities`.
+    the user's (their segment's times the run's ``--tolerance``), ``hour`` their
+    responsiveness at the hour of display, see :func:`probabilities`.
     """
     if uniform(seed, "display", user_id, message_id) >= DISPLAY_RATE:
         return False, "ignore"
     u = uniform(seed, "react", user_id, message_id)
-    p_unsub, p_click = probabilities(kind, volume, tolerance)
+    p_unsub, p_click = probabilities(kind, volume, tolerance, hour)
     if u < p_unsub:
         return True, "unsubscribe"
     if u < p_unsub + p_click:

@@ -21,6 +21,7 @@ from gov.analytics.marginal import segment_title
 from gov.analytics.report import CTR_COLOR, TOP_BUCKET, UNSUBSCRIBE_COLOR, Chart, Tick, line_chart, nice_top
 from gov.db import Source
 from gov.errors import GovError
+from gov.lab.simulate.hours import collect_hours, hours_lines
 from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import TEAM_OF_TOPIC, TEAMS
 from gov.queries import q
@@ -110,6 +111,7 @@ class Summary:
     # expected clicks, expected unsubscribes), from the simulator's own dice
     truth_positions: tuple[tuple[str, int, int, float, float], ...] = ()
     tolerance: float = 1.0
+    hours: Any = None  # hours.HourRecovery: gov's best hours vs the hidden ones (None without an hour effect)
 
     def per_week(self, value: float) -> float:
         return value * 7 / self.days
@@ -196,6 +198,10 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         expired_split = tuple(
             (str(t), int(n), int(later)) for t, n, later in source.execute(q("sim_expired_split"), {})
         )
+        try:
+            hours = collect_hours(source, config) if events else None
+        except GovError:  # gov.user_hour_estimates is not in this schema yet
+            hours = None
     finally:
         source.close()
     unsubscribed = next((u for e, _, u in events if e == "unsubscribe"), stats.unsubscribed)
@@ -229,6 +235,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
             (seg, pos, int(n), float(c), float(u)) for (seg, pos), (n, c, u) in sorted(stats.truth.items())
         ),
         tolerance=config.tolerance,
+        hours=hours,
     )
 
 
@@ -358,6 +365,9 @@ def render(s: Summary) -> RenderableType:
     parts.append(_fatigue_renderable(s))
     parts.append(Text(""))
     parts.append(_realised_renderable(s))
+    if s.hours is not None:
+        parts.append(Text(""))
+        parts.extend(Text(line) for line in hours_lines(s.hours))
     return Group(*parts)
 
 
