@@ -260,6 +260,19 @@ MUTANTS = [
             "tests/acceptance/test_beacons.py::test_a_token_for_another_user_message_or_subscription_is_refused",
         ),
     ),
+    Mutant(
+        "s_crossover_rule_per_position",
+        "the crossover rule tests each group on its own at 95 % (no fixed sequence): the lowest group that "
+        "passes is declared, so over a curve of many positions a crossover is declared early far more than 5 %",
+        (
+            ("gov/analytics/crossover.py", "        adjusted = {j: max(local[k] for k in ends if k >= j) for j in ends}",
+             "        adjusted = {j: local[j] for j in ends}", 1),
+        ),
+        (
+            "tests/unit/test_crossover.py::"
+            "test_the_rule_declares_a_crossover_early_at_most_alpha_of_the_time_over_the_whole_curve",
+        ),
+    ),
 ]
 
 
