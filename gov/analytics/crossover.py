@@ -280,17 +280,18 @@ def _closed(groups: tuple[Group, ...], alpha: float, *, down: bool) -> Walk:
 
 
 
-def sends_needed(sends: int, click_rate: float, unsubscribe_rate: float, alpha: float = ALPHA) -> int | None:
-    """About how many more sends, at these rates, a group of ``sends`` needs before its
-    test confirms that it costs more than it earns: the fewest extra sends whose expected
-    clicks and unsubscribes (rounded) the exact test rejects; None when the rates do not
-    show it (no amount of data would)."""
-    if sends <= 0 or unsubscribe_rate <= click_rate:
+def sends_needed(clicks: int, unsubscribes: int, click_rate: float, unsubscribe_rate: float,
+                 alpha: float = ALPHA) -> int | None:
+    """About how many more sends a group that drew ``clicks`` and ``unsubscribes`` needs
+    before its test confirms that it costs more than it earns, if the further sends draw
+    clicks and unsubscribes at these rates: the fewest extra sends whose expected events,
+    added to the observed ones and rounded, the exact test rejects; None when the rates
+    do not show it (no amount of data would)."""
+    if unsubscribe_rate <= click_rate:
         return None
 
     def enough(more: int) -> bool:
-        n = sends + more
-        u, c = round(n * unsubscribe_rate), round(n * click_rate)
+        u, c = round(unsubscribes + more * unsubscribe_rate), round(clicks + more * click_rate)
         return binomial_tail(u, u + c, upper=True) <= alpha
 
     low, high = 0, 1
@@ -370,8 +371,9 @@ def estimate(rows: Sequence[Counts], overall: Fit | None = None, *, min_events: 
                                  down, up, min_events)
     if fitted is None:
         return CrossoverEstimate(NOT_REACHED, low=low, fit=curve, down=down, up=up, min_events=min_events)
-    # nothing confirmed, but the fitted curve crosses: the sends its highest group would need,
-    # at its own rates when they show more unsubscribes than clicks, else at the fitted curve's
+    # nothing confirmed, but the fitted curve crosses: the further sends its highest group
+    # would need, drawing at its own rates when they show more unsubscribes than clicks, else
+    # at the fitted curve's
     # (a non-increasing click rate minus a non-decreasing unsubscribe rate crosses once, so
     # the highest group is past the fitted crossover too)
     blocker = down.groups[-1]
@@ -382,9 +384,9 @@ def estimate(rows: Sequence[Counts], overall: Fit | None = None, *, min_events: 
         inside = [(c.sends, *rates[c.position]) for c in own if blocker.first <= c.position <= blocker.last]
         pc = sum(n * c for n, c, _ in inside) / blocker.sends
         pu = sum(n * u for n, _, u in inside) / blocker.sends
-    more = sends_needed(blocker.sends, pc, pu, alpha)
+    more = sends_needed(blocker.clicks, blocker.unsubscribes, pc, pu, alpha)
     if more is None:
-        more = sends_needed(blocker.sends, *rates_at(curve, fitted), alpha) or blocker.sends
+        more = sends_needed(blocker.clicks, blocker.unsubscribes, *rates_at(curve, fitted), alpha) or blocker.sends
     return CrossoverEstimate(NOT_ENOUGH_DATA, None, low, None, fitted, None, more, curve, down, up, min_events)
 
 

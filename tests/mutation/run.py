@@ -265,7 +265,8 @@ MUTANTS = [
         "the crossover rule tests each group on its own at 95 % (no fixed sequence): the lowest group that "
         "passes is declared, so over a curve of many positions a crossover is declared early far more than 5 %",
         (
-            ("gov/analytics/crossover.py", "        adjusted = {j: max(local[k] for k in ends if k >= j) for j in ends}",
+            ("gov/analytics/crossover.py",
+             "        adjusted = {j: max(local[k] for k in ends if k >= j) for j in ends}",
              "        adjusted = {j: local[j] for j in ends}", 1),
         ),
         (

@@ -125,8 +125,9 @@ def test_no_crossover_is_not_reached_and_thin_data_names_the_sends_needed() -> N
     assert thin.verdict == NOT_ENOUGH_DATA and thin.more_sends is not None and thin.more_sends > 0
     assert thin.position is None and "more sends would decide it" in thin.text()
     assert estimate([]).verdict == NOT_REACHED
-    assert sends_needed(100, 0.05, 0.01) is None
-    assert (sends_needed(100, 0.01, 0.05) or 0) > (sends_needed(100, 0.01, 0.10) or 0) > 0
+    assert sends_needed(5, 1, 0.05, 0.01) is None
+    assert (sends_needed(5, 5, 0.01, 0.05) or 0) > (sends_needed(5, 5, 0.01, 0.10) or 0) > 0
+    assert sends_needed(0, 5, 0.01, 0.05) == 1  # one more unsubscribe-ish send: 5 of 5 is 1/32
 
 
 def test_a_thin_segment_is_shrunk_toward_the_overall_shape_and_a_rich_one_keeps_its_own() -> None:
