@@ -170,8 +170,7 @@ def _grid(users: int, days: int, seeds: str, tolerances: str, cache: Path, datab
         click.echo(f"gov: error: --seeds {seeds!r} / --tolerances {tolerances!r}: not a list of numbers", err=True)
         sys.exit(1)
     try:
-        server = resolve_url(database_url)
-        sims = [load_or_simulate(cache, server, seed, tol, users, days,
+        sims = [load_or_simulate(cache, lambda: resolve_url(database_url), seed, tol, users, days,
                                  on_simulate=lambda s, t: err.print(f"gov: simulating seed {s}, tolerance {t:g}"))
                 for tol in tolerance_list for seed in seed_list]
     except GovError as exc:

@@ -108,10 +108,11 @@ def simulate_data(server: str | None, seed: int, tolerance: float, users: int, d
 
 
 def load_or_simulate(
-    cache: Path, server: str | None, seed: int, tolerance: float, users: int, days: int,
+    cache: Path, server: str | Callable[[], str] | None, seed: int, tolerance: float, users: int, days: int,
     *, on_simulate: Callable[[int, float], None] | None = None,
 ) -> SimData:
-    """The saved simulation of (seed, tolerance, users, days), simulated and saved first if missing."""
+    """The saved simulation of (seed, tolerance, users, days), simulated and saved first if
+    missing (``server`` may be a callable, called only then: a saved grid starts no server)."""
     path = cache_path(cache, seed, tolerance, users, days)
     if path.exists():
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -119,7 +120,7 @@ def load_or_simulate(
             return SimData.from_json(data)
     if on_simulate is not None:
         on_simulate(seed, tolerance)
-    sim = simulate_data(server, seed, tolerance, users, days)
+    sim = simulate_data(server() if callable(server) else server, seed, tolerance, users, days)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(sim.as_json()), encoding="utf-8")
