@@ -743,11 +743,11 @@ def _marginal_context(s: Summary) -> dict[str, Any] | None:
         "header": ("position", "sends", "clicks", "unsubscribes", "click rate", "95% interval", "unsubscribe rate",
                    "95% interval", "crossover"),
         "rows": [
-            {"crossover": r.crossover, "cells": (
+            {"crossover": r.position_from == overall.crossover_position, "cells": (
                 r.label, f"{r.sends:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}", _percent(r.click_rate),
                 _interval(r.click_low, r.click_high), _percent(r.unsubscribe_rate),
                 _interval(r.unsubscribe_low, r.unsubscribe_high),
-                "◀ crossover" if r.crossover else "")}
+                "◀ crossover" if r.position_from == overall.crossover_position else "")}
             for r in overall.rows
         ],
         "crossover_title": crossover_title(s),
