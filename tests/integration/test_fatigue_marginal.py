@@ -170,7 +170,7 @@ def test_the_report_renders_and_the_cli_prints_it(db_url: str, tmp_path: Any) ->
     assert page.count('data-series="click"') == 3 and page.count('data-series="unsubscribe"') == 3
     assert page.count('class="band"') == 6 and 'data-crossover="7"' in page
     # the row marked is the measure's confirmed position, not the SQL function's own flag
-    assert page.count('<tr class="crossover"><td>7</td>') == 1
+    assert '<tr class="crossover"><td>7</td>' in page and '<tr class="crossover"><td>6</td>' not in page
     for external in ("<script", "<link", "src=", "url(", "@import"):
         assert external not in page, external
 
