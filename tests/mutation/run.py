@@ -314,6 +314,20 @@ MUTANTS = [
         ),
         ("tests/integration/test_best_hours.py::test_a_segment_with_its_own_hours_is_the_prior_of_its_users",),
     ),
+    Mutant(
+        "y_crossover_rule_per_position",
+        "the crossover rule tests each group on its own at 95 % (no fixed sequence): the lowest group that "
+        "passes is declared, so over a curve of many positions a crossover is declared early far more than 5 %",
+        (
+            ("gov/analytics/crossover.py",
+             "        adjusted = {j: max(local[k] for k in ends if k >= j) for j in ends}",
+             "        adjusted = {j: local[j] for j in ends}", 1),
+        ),
+        (
+            "tests/unit/test_crossover.py::"
+            "test_the_rule_declares_a_crossover_early_at_most_alpha_of_the_time_over_the_whole_curve",
+        ),
+    ),
 ]
 
 

@@ -478,26 +478,24 @@ def truth_by_position(s: Summary, segment: str) -> list[tuple[int, int, float, f
 def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
     """Per segment (everyone first): (segment, what the measure says, what the truth says, agree).
 
-    The truth is by the measure's own definition (gov.analytics.marginal.expected_crossover):
-    the simulator's expected clicks and unsubscribes of every delivered send, grouped into
-    the same positions, without noise. They agree when both name a crossover within one
-    position of each other, or both say it is not reached.
+    The truth is the simulator's expected clicks and unsubscribes of every delivered send
+    by position, without noise (gov.analytics.crossover.true_crossover: the first position
+    whose expected unsubscribes exceed its expected clicks). They agree as in
+    ``gov simulate --grid`` (gov.lab.simulate.grid.Cell.agrees): a declared crossover within
+    one position of the truth or an interval that holds it, or both not reached.
     """
-    from gov.analytics.marginal import NOT_REACHED, expected_crossover
+    from gov.analytics.crossover import true_crossover
+    from gov.lab.simulate.grid import Cell
 
     report = s.marginal
     segments = [OVERALL_TRUTH, *sorted({seg for seg, *_ in s.truth_positions})]
     out = []
     for seg in segments:
         measure = report.segment(seg)
-        truth = expected_crossover(truth_by_position(s, seg), report.min_sends)
+        truth = true_crossover(truth_by_position(s, seg))
         said = measure.verdict_text()
-        truth_text = "not reached" if truth is None else (
-            f"crossover at position {truth[0]}" if truth[0] == truth[1] else
-            f"crossover at positions {truth[0]}–{truth[1]} (from position {truth[0]})")
-        position = measure.crossover_position
-        agree = (position is None and truth is None and measure.verdict == NOT_REACHED) or (
-            position is not None and truth is not None and abs(position - truth[0]) <= 1)
+        truth_text = "not reached" if truth is None else f"crossover at position {truth}"
+        agree = Cell(s.seed, s.tolerance, seg, measure.result, truth).agrees
         out.append(("all users" if seg == OVERALL_TRUTH else seg, said, truth_text, agree))
     return out
 
@@ -781,11 +779,11 @@ def _marginal_context(s: Summary) -> dict[str, Any] | None:
         "header": ("position", "sends", "clicks", "unsubscribes", "click rate", "95% interval", "unsubscribe rate",
                    "95% interval", "crossover"),
         "rows": [
-            {"crossover": r.crossover, "cells": (
+            {"crossover": r.position_from == overall.crossover_position, "cells": (
                 r.label, f"{r.sends:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}", _percent(r.click_rate),
                 _interval(r.click_low, r.click_high), _percent(r.unsubscribe_rate),
                 _interval(r.unsubscribe_low, r.unsubscribe_high),
-                "◀ crossover" if r.crossover else "")}
+                "◀ crossover" if r.position_from == overall.crossover_position else "")}
             for r in overall.rows
         ],
         "crossover_title": crossover_title(s),
