@@ -167,15 +167,17 @@ def schema_functions() -> Iterator[tuple[str, str, str]]:
 def lock_source(lock: str) -> tuple[str, str]:
     """(function name, ``CREATE OR REPLACE`` source) of the decision taking the ``lock`` lock.
 
-    The function is whichever one of the canonical schema takes the user's advisory
-    lock (gov.decide_v1, or the body it delegates to); ``advisory`` is its text as is,
+    The function is whichever decision function of the canonical schema (gov.decide*) takes
+    the user's advisory lock (gov.decide_v1, or the body it delegates to); ``advisory`` is its text as is,
     ``row`` the same text with that line swapped for a row lock on gov.users, so the
     variant follows every other change to the function. Refuses loudly unless exactly one
     function holds the line exactly once: measuring an unlocked copy would be worse than nothing.
     """
     if lock not in LOCKS:
         raise BenchError(f"unknown lock variant {lock!r} (known: {', '.join(LOCKS)})")
-    found = [(f, name, src) for f, name, src in schema_functions() if ADVISORY_LOCK_LINE in src]
+    # the decision's own functions only: the releaser's (gov.release_owed) takes the same lock
+    found = [(f, name, src) for f, name, src in schema_functions()
+             if name.startswith("gov.decide") and ADVISORY_LOCK_LINE in src]
     if len(found) != 1:
         where = ", ".join(f"{name} ({f})" for f, name, _ in found) or "no function"
         raise BenchError(
