@@ -6,6 +6,7 @@ Revises: 0026_shard_placement
 
 from __future__ import annotations
 
+from alembic import op
 from gov.migrate import run_sql_file
 
 revision = "0028_release_order"
@@ -20,3 +21,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     run_sql_file("migrations/0028_release_order.down.sql")
+    # On its own: Citus forwards a DROP INDEX on a distributed table to the workers as the
+    # query text it came in, and a text of several statements is refused there
+    # ("cannot insert multiple commands into a prepared statement").
+    op.execute("DROP INDEX gov.deferred_waiting_user")

@@ -200,4 +200,4 @@ $$;
 DROP FUNCTION gov.release_owed(text, text, text, timestamptz, timestamptz);
 DROP FUNCTION gov.release_contenders(text, text, text, timestamptz);
 DROP FUNCTION gov.release_row(gov.deferred, timestamptz);
-DROP INDEX gov.deferred_waiting_user;
+-- the index is dropped by the revision itself, in a statement of its own (see 0028_release_order.py)
