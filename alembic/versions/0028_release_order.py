@@ -15,13 +15,14 @@ branch_labels = None
 depends_on = None
 
 
+# Each on its own: Citus forwards DDL on a distributed table to the workers as the query
+# text it came in, and a text of several statements is refused there ("cannot insert
+# multiple commands into a prepared statement") when a distributed cluster is upgraded.
 def upgrade() -> None:
+    op.execute("CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE state = 'waiting'")
     run_sql_file("migrations/0028_release_order.sql")
 
 
 def downgrade() -> None:
     run_sql_file("migrations/0028_release_order.down.sql")
-    # On its own: Citus forwards a DROP INDEX on a distributed table to the workers as the
-    # query text it came in, and a text of several statements is refused there
-    # ("cannot insert multiple commands into a prepared statement").
     op.execute("DROP INDEX gov.deferred_waiting_user")

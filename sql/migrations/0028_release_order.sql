@@ -7,7 +7,8 @@
 -- now follows the slot it waits for. Each row's release in a subtransaction of its own:
 -- gov.release_row. The index finds a user's waiting rows by planned_at.
 
-CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE state = 'waiting';
+-- the index deferred_waiting_user is created by the revision itself, in a statement of its own
+-- (see 0028_release_order.py)
 
 CREATE OR REPLACE FUNCTION gov.release_row(
     p_row        gov.deferred,
