@@ -26,7 +26,7 @@ def test_the_page_says_only_what_the_run_knows(pg_server: str, tmp_path: Path) -
     dom = chromium(tmp_path, "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
-    lead = re.search(r'<p class="verdict lead">Fatigue, all users: the marginal measure says ([^;]+); '
+    lead = re.search(r'<p class="verdict lead">Fatigue, all users: the marginal measure says (.+?); '
                      r"the truth \(no noise\) says ([^<]+?) [✓✗]", html)
     assert lead is not None, html
     measure = lead.group(1)
