@@ -155,6 +155,41 @@ SELECT count(*)
               %(ats)s::timestamptz[]) AS x(u, m, e, s, t)
  CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, x.t) AS r;
 
+-- name: sim_new_outbox
+-- Outbox rows queued since the last tick that no call returned: held rows a send released
+-- first because a slot they were owed opened (gov.release_owed), so the runner delivers
+-- them this tick as any other. Only this run's rows, all committed when it is read.
+SELECT o.id FROM gov.outbox o
+ WHERE o.state IN ('pending', 'sending') AND o.next_attempt_at <= %(now)s AND o.id > %(after)s
+ ORDER BY o.id;
+
+-- name: sim_expired_split
+-- The messages that expired on their TTL (ttl_expired), per tier, split in two: "a slot
+-- went to a later deadline" when, between the message's hold (enqueued_at) and its
+-- deadline (its group's: the expiry of the carrier it was collapsed into, else its own),
+-- the same user was sent (a gov.sends row) in the message's own budget (its tier, or its
+-- topic's) a message of another group whose own deadline was later; else "no slot opened
+-- before its TTL". The first is what earliest deadline first makes 0.
+WITH e AS (
+    SELECT d.user_id, d.tier, m.topic, d.enqueued_at,
+           coalesce(gc.expires_at, c.expires_at) AS deadline, coalesce(d.collapsed_into, d.message_id) AS grp
+      FROM gov.deferred d
+      JOIN gov.messages m ON m.user_id = d.user_id AND m.message_id = d.message_id
+      JOIN gov.message_content c ON c.user_id = d.user_id AND c.message_id = d.message_id
+      LEFT JOIN gov.message_content gc ON gc.user_id = d.user_id AND gc.message_id = d.collapsed_into
+     WHERE d.state = 'expired' AND d.outcome = 'ttl_expired'
+)
+SELECT e.tier, count(*) AS expired,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM gov.sends s
+             JOIN gov.message_content sc ON sc.user_id = s.user_id AND sc.message_id = s.message_id
+            WHERE s.user_id = e.user_id AND s.budget IN (e.tier, 'topic:' || e.topic)
+              AND s.sent_at > e.enqueued_at AND s.sent_at < e.deadline
+              AND s.message_id <> e.grp AND sc.expires_at > e.deadline)) AS later_deadline
+  FROM e
+ GROUP BY e.tier
+ ORDER BY e.tier;
+
 -- name: sim_hour_curve
 -- All users' estimated click rate by hour (gov.hour_curves_v1), for the best-hours comparison.
 SELECT c.hour, c.estimate

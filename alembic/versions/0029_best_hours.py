@@ -9,9 +9,7 @@ from __future__ import annotations
 from gov.migrate import run_sql_file
 
 revision = "0029_best_hours"
-# the newest revision on main when this branch started; 0027 and 0028 are other
-# branches' (the lead chains them at merge)
-down_revision = "0026_shard_placement"
+down_revision = "0028_release_order"
 branch_labels = None
 depends_on = None
 

@@ -1,15 +1,19 @@
 """The marginal fatigue measure: what the n-th send of a week costs and earns, per send.
 
 For every accepted send, its *position* is the number of sends the user had accepted in
-the 7 days before it (0: the first of the week). Per position, merged upward into groups
-of at least ``min_sends`` sends: the click rate and the unsubscribe rate per send, each
-with a 95 % Wilson interval, overall and per segment (``gov.users.segment``). The
-crossover is where the unsubscribe rate overtakes the click rate for good, declared only
-when the intervals say so. The numbers come from one SQL function,
-``gov.fatigue_marginal_v1`` (its definitions are in ``docs/analysts.md``); this module
-fetches them (:func:`marginal_report`), renders them (:func:`marginal_table`,
-:func:`marginal_html`), and holds the same rule in Python (:func:`wilson`,
-:func:`merge_positions`, :func:`decide`) for the simulator's ground truth and the tests.
+the 7 days before it (0: the first of the week). Per position, overall and per segment
+(``gov.users.segment``): the sends, clicks and unsubscribes, read from one SQL function,
+``gov.fatigue_marginal_v1`` with groups of one send (its definitions are in
+``docs/analysts.md``). The crossover, its interval and the monotone curves are computed
+from those counts by :mod:`gov.analytics.crossover` (monotone fit, shrinkage toward the
+overall curve, a fixed-sequence rule that keeps a crossover declared before the true one
+at 5 % over the whole curve). This module fetches (:func:`marginal_report`) and renders
+(:func:`marginal_table`, :func:`marginal_html`).
+
+The SQL function's own ``crossover``/``verdict``/``more_sends`` columns are its released
+per-group rule (one test per group at 95 %, which a noisy group can fool); they stay as
+they were (a released ``_v1`` is a promise) and :func:`decide` holds that rule in Python
+for its parity test. Nothing in gov decides from them any more.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ from typing import Any
 from psycopg.rows import class_row
 from rich.table import Table
 
+from gov.analytics.crossover import (
+    DEFAULT_MIN_EVENTS,
+    Counts,
+    CrossoverEstimate,
+    estimate,
+    estimate_report,
+)
 from gov.analytics.events import as_source
 from gov.analytics.html import render
 from gov.analytics.report import nice_top
@@ -34,7 +45,7 @@ Z95 = 1.959963984540054  # the two-sided 95 % normal quantile: the Wilson interv
 #: ("unsubscribes exceed clicks" is a one-sided claim), from the 90 % Wilson bounds
 CONFIRM_Z = 1.6448536269514722
 DEFAULT_SINCE = timedelta(days=28)
-DEFAULT_MIN_SENDS = 800  # sends a group of positions must hold before it stands on its own
+DEFAULT_MIN_SENDS = 800  # the SQL function's own default group size (its released per-group rule)
 OVERALL = "*"  # the segment name of the row set over every user
 NO_SEGMENT = "(none)"  # users without a gov.users.segment
 CROSSOVER = "crossover"
@@ -144,19 +155,6 @@ def decide(groups: Sequence[tuple[int, int, int]], z: float = CONFIRM_Z) -> Verd
     return Verdict(NOT_REACHED)
 
 
-def expected_crossover(curve: Iterable[tuple[int, float, float, float]], min_sends: int) -> tuple[int, int] | None:
-    """The noiseless crossover by the same definition: ``curve`` is (position, sends,
-    expected clicks, expected unsubscribes) per position; positions are grouped as the
-    measure groups them, and the crossover is the first group whose expected
-    unsubscribes exceed its expected clicks, as (first position, last position)."""
-    rows = sorted(curve)
-    for first, last in merge_positions([(p, n) for p, n, _, _ in rows], min_sends):
-        inside = [r for r in rows if first <= r[0] <= last]
-        if sum(r[3] for r in inside) > sum(r[2] for r in inside):
-            return first, last
-    return None
-
-
 # ---------------------------------------------------------------- the report from SQL
 
 
@@ -191,42 +189,43 @@ class MarginalRow:
 
 @dataclass(frozen=True)
 class SegmentMeasure:
-    """One segment's groups and its verdict."""
+    """One segment's positions (one row each) and the crossover estimated from them."""
 
     segment: str
     rows: tuple[MarginalRow, ...]
+    estimate: CrossoverEstimate | None = None  # None: estimated from ``rows`` alone (no shrinkage)
+
+    @property
+    def result(self) -> CrossoverEstimate:
+        if self.estimate is not None:
+            return self.estimate
+        return estimate([Counts(r.position_from, r.sends, r.clicks, r.unsubscribes) for r in self.rows])
 
     @property
     def verdict(self) -> str:
-        return self.rows[0].verdict if self.rows else NOT_REACHED
+        return self.result.verdict
 
     @property
     def more_sends(self) -> int | None:
-        return self.rows[0].more_sends if self.rows else None
-
-    @property
-    def crossover(self) -> MarginalRow | None:
-        return next((r for r in self.rows if r.crossover), None)
+        return self.result.more_sends
 
     @property
     def crossover_position(self) -> int | None:
-        """The first position of the crossover group, if there is one."""
-        row = self.crossover
-        return None if row is None else row.position_from
+        """The declared crossover: the lowest position the rule confirms costs more than it earns."""
+        r = self.result
+        return r.position if r.verdict == CROSSOVER else None
+
+    @property
+    def crossover(self) -> MarginalRow | None:
+        position = self.crossover_position
+        return next((r for r in self.rows if r.position_from <= (position or -1) <= r.position_to), None)
 
     @property
     def sends(self) -> int:
         return sum(r.sends for r in self.rows)
 
     def verdict_text(self) -> str:
-        row = self.crossover
-        if row is not None:
-            where = f"position {row.position_from}" if row.position_from == row.position_to else (
-                f"positions {row.label} (from position {row.position_from})")
-            return f"crossover at {where}"
-        if self.verdict == NOT_ENOUGH_DATA:
-            return f"not enough data (about {self.more_sends:,} more sends would decide it)"
-        return "not reached"
+        return self.result.text()
 
 
 @dataclass(frozen=True)
@@ -235,7 +234,7 @@ class MarginalReport:
 
     since: timedelta
     now: datetime | None
-    min_sends: int
+    min_events: int
     segments: tuple[SegmentMeasure, ...]  # the overall set (OVERALL) first, then by name
 
     @property
@@ -250,14 +249,22 @@ class MarginalReport:
         return {
             "since_s": int(self.since.total_seconds()),
             "now": self.now.isoformat() if self.now else None,
-            "min_sends": self.min_sends,
+            "min_events": self.min_events,
             "segments": [
                 {
                     "segment": s.segment,
                     "verdict": s.verdict,
                     "crossover_position": s.crossover_position,
+                    "interval": [s.result.low, s.result.high],
+                    "estimate": s.result.estimate,
+                    "adjusted_p": s.result.adjusted_p,
                     "more_sends": s.more_sends,
-                    "groups": [
+                    "fit": [
+                        {"position": p, "click_rate": c, "unsubscribe_rate": u}
+                        for p, c, u in zip(s.result.fit.positions, s.result.fit.click_rate,
+                                           s.result.fit.unsubscribe_rate, strict=True)
+                    ],
+                    "positions": [
                         {
                             "group": r.group_no,
                             "position_from": r.position_from,
@@ -269,8 +276,6 @@ class MarginalReport:
                             "click_interval": [float(r.click_low), float(r.click_high)],
                             "unsubscribe_rate": float(r.unsubscribe_rate),
                             "unsubscribe_interval": [float(r.unsubscribe_low), float(r.unsubscribe_high)],
-                            "difference_low": float(r.difference_low),
-                            "crossover": r.crossover,
                         }
                         for r in s.rows
                     ],
@@ -280,37 +285,59 @@ class MarginalReport:
         }
 
 
-def marginal_report(
-    source: Any,
-    *,
-    since: timedelta = DEFAULT_SINCE,
-    now: datetime | None = None,
-    min_sends: int = DEFAULT_MIN_SENDS,
-) -> MarginalReport:
-    """Fetch the measure for the sends accepted in (now - since, now].
-
-    ``source`` is a Governor, a Source, or anything :class:`gov.db.Source` takes.
-    """
+def fatigue_groups(source: Any, *, since: timedelta = DEFAULT_SINCE, now: datetime | None = None,
+                   min_sends: int = DEFAULT_MIN_SENDS) -> list[MarginalRow]:
+    """The SQL function's rows as they come, grouped by ``min_sends`` (its own verdict columns included)."""
     if since <= timedelta(0):
         raise ValueError("since must be a positive duration")
     if min_sends < 1:
         raise ValueError("min_sends must be at least 1")
     src, owned = as_source(source)
     try:
-        named = src.execute(
+        return list(src.execute(
             q("fatigue_marginal"),
             {"since": since, "now": now, "min_sends": min_sends},
             row_factory=class_row(MarginalRow),
-        )
+        ))
     finally:
         if owned:
             src.close()
+
+
+def marginal_counts(source: Any, *, since: timedelta = DEFAULT_SINCE,
+                    now: datetime | None = None) -> dict[str, list[Counts]]:
+    """Sends, clicks and unsubscribes per position, per segment (OVERALL first)."""
+    out: dict[str, list[Counts]] = {}
+    for r in fatigue_groups(source, since=since, now=now, min_sends=1):
+        out.setdefault(r.segment, []).append(Counts(r.position_from, r.sends, r.clicks, r.unsubscribes))
+    return out
+
+
+def marginal_report(
+    source: Any,
+    *,
+    since: timedelta = DEFAULT_SINCE,
+    now: datetime | None = None,
+    min_events: int = DEFAULT_MIN_EVENTS,
+) -> MarginalReport:
+    """The measure for the sends accepted in (now - since, now]: one row per position and
+    segment, and each segment's crossover (:func:`gov.analytics.crossover.estimate_report`).
+
+    ``source`` is a Governor, a Source, or anything :class:`gov.db.Source` takes.
+    """
+    if min_events < 1:
+        raise ValueError("min_events must be at least 1")
+    named = fatigue_groups(source, since=since, now=now, min_sends=1)
     order: list[str] = []
     for r in named:
         if r.segment not in order:
             order.append(r.segment)
-    segments = tuple(SegmentMeasure(name, tuple(r for r in named if r.segment == name)) for name in order)
-    return MarginalReport(since, now, min_sends, segments)
+    counts = {name: [Counts(r.position_from, r.sends, r.clicks, r.unsubscribes) for r in named if r.segment == name]
+              for name in order}
+    estimates = estimate_report(counts, min_events=min_events)
+    segments = tuple(SegmentMeasure(name, tuple(r for r in named if r.segment == name), estimates[name])
+                     for name in order)
+    return MarginalReport(since, now, min_events, segments)
 
 
 # ---------------------------------------------------------------- rendering
@@ -332,24 +359,40 @@ def window_text(report: MarginalReport) -> str:
     end = report.now.isoformat(timespec="seconds") if report.now else "now"
     days = report.since.total_seconds() / 86400
     span = f"{days:g} days" if days >= 1 else f"{report.since.total_seconds() / 3600:g} hours"
-    return f"sends accepted in the {span} ending {end}; groups of at least {report.min_sends:,} sends"
+    return (f"sends accepted in the {span} ending {end}; monotone fit; tested groups of at least "
+            f"{report.min_events:,} clicks and unsubscribes")
 
 
 def marginal_table(measure: SegmentMeasure, title: str | None = None) -> Table:
-    """One segment's groups as a rich table."""
+    """One segment's positions as a rich table: raw rates with their 95 % Wilson intervals,
+    the monotone (shrunk) fit, and the declared crossover, its interval and estimate marked."""
     table = Table(title=title or f"Marginal fatigue, {segment_title(measure.segment)}: {measure.verdict_text()}",
                   title_justify="left")
-    for name in ("position", "sends", "clicks", "unsubs", "click rate", "95% interval", "unsub rate",
-                 "95% interval"):
+    for name in ("position", "sends", "clicks", "unsubs", "click rate", "95% interval", "fitted",
+                 "unsub rate", "95% interval", "fitted"):
         table.add_column(name, justify="right")
     table.add_column("crossover")
+    result = measure.result
+    fitted = result.fit.as_map()
     for r in measure.rows:
+        fc, fu = fitted.get(r.position_from, (float("nan"), float("nan")))
         table.add_row(
             r.label, f"{r.sends:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}", _pct(r.click_rate),
-            _interval(r.click_low, r.click_high), _pct(r.unsubscribe_rate),
-            _interval(r.unsubscribe_low, r.unsubscribe_high), "◀ crossover" if r.crossover else "",
+            _interval(r.click_low, r.click_high), _pct(fc), _pct(r.unsubscribe_rate),
+            _interval(r.unsubscribe_low, r.unsubscribe_high), _pct(fu), _mark(result, r.position_from),
         )
     return table
+
+
+def _mark(result: CrossoverEstimate, position: int) -> str:
+    marks = []
+    if result.verdict == CROSSOVER and position == result.position:
+        marks.append("◀ crossover (confirmed)")
+    elif position == result.estimate:
+        marks.append("estimate")
+    if result.low is not None and position == result.low and result.verdict == CROSSOVER:
+        marks.append("interval from")
+    return ", ".join(marks)
 
 
 def _chart(measure: SegmentMeasure) -> dict[str, Any]:
@@ -380,7 +423,8 @@ def _chart(measure: SegmentMeasure) -> dict[str, Any]:
             ],
         }
 
-    crossing = next((i for i, r in enumerate(rows) if r.crossover), None)
+    declared = measure.crossover_position
+    crossing = next((i for i, r in enumerate(rows) if r.position_from == declared), None)
     return {
         "width": width, "height": height, "left": left, "right": width - right, "top": top,
         "bottom": top + plot_h, "mid": left + plot_w / 2,

@@ -1,8 +1,10 @@
 """Caps suggested by the marginal fatigue measure (`gov policy suggest`).
 
-Where the measure confirms a crossover at position ``c`` (the ``c``-th send of a week,
-counted from 0, is the first that costs more unsubscribes than it earns clicks), a user
-should get at most ``c`` sends a week. Every capped tier's weekly (7-day) window is
+Where the measure's rule confirms a crossover at position ``c`` (the ``c``-th send of a
+week, counted from 0, costs more unsubscribes than it earns clicks, confirmed with a
+family-wise error of at most 5 % over the whole curve: gov.analytics.crossover), a user
+should get at most ``c`` sends a week. The fitted curve's estimate, which may be lower,
+is never used: only a confirmed position lowers a cap. Every capped tier's weekly (7-day) window is
 lowered to at most ``c`` (added when the tier has none). Because the capped tiers consume
 one another's budgets (P2 and P3 spend P1's), this bounds all capped sends together.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gov.analytics.marginal import NO_SEGMENT, OVERALL, MarginalReport
+from gov.analytics.marginal import NO_SEGMENT, OVERALL, MarginalReport, SegmentMeasure
 from gov.policy import Policy, Tier, Window
 
 WEEK_MS = 7 * 24 * 3600 * 1000
@@ -33,6 +35,14 @@ class Suggestion:
     policy: Policy
     changes: tuple[str, ...]
     unchanged: tuple[str, ...]
+
+
+def sureness(measure: SegmentMeasure, c: int) -> str:
+    """How sure the rule is of the crossover a cap comes from, in one phrase."""
+    r = measure.result
+    sure = "" if r.sureness is None else f", {r.sureness * 100:.1f} % sure (adjusted p {r.adjusted_p:.2g})"
+    span = "" if r.low is None else f"; the crossover itself lies in positions {r.low}–{c}, estimate {r.estimate}"
+    return f"crossover confirmed by position {c}{sure}{span}"
 
 
 def weekly_capped(windows: tuple[Window, ...], cap: int) -> tuple[Window, ...]:
@@ -56,12 +66,13 @@ def suggest(policy: Policy, report: MarginalReport) -> Suggestion:
     changes: list[str] = []
     unchanged: list[str] = []
 
-    def note(name: str, tier: Tier, before: tuple[Window, ...], after: tuple[Window, ...], c: int) -> None:
+    def note(name: str, tier: Tier, before: tuple[Window, ...], after: tuple[Window, ...], c: int,
+             measure: SegmentMeasure) -> None:
         if after != before:
             old = _weekly(before)
             changes.append(
                 f"{tier.name}, {name}: weekly cap {'none' if old is None else old} → {_weekly(after)} "
-                f"(crossover at position {c})"
+                f"({sureness(measure, c)})"
             )
 
     defaults = [m for m in (report.overall, report.segment(NO_SEGMENT)) if m.crossover_position is not None]
@@ -69,7 +80,7 @@ def suggest(policy: Policy, report: MarginalReport) -> Suggestion:
         c = min(m.crossover_position for m in defaults if m.crossover_position is not None)
         for tier in _capped_tiers(policy):
             after = weekly_capped(tier.windows, c)
-            note("all users", tier, tier.windows, after, c)
+            note("all users", tier, tier.windows, after, c, next(m for m in defaults if m.crossover_position == c))
             tiers[tier.name] = replace(tier, windows=after)
     else:
         unchanged.append(f"all users: {report.overall.verdict_text()}")
@@ -86,7 +97,7 @@ def suggest(policy: Policy, report: MarginalReport) -> Suggestion:
             segments = dict(tier.segments)
             before = segments.get(measure.segment, tier.windows)
             after = weekly_capped(before, crossover)
-            note(f"segment {measure.segment}", tier, before, after, crossover)
+            note(f"segment {measure.segment}", tier, before, after, crossover, measure)
             if after != tier.windows or measure.segment in segments:
                 segments[measure.segment] = after
             tiers[name] = replace(tier, segments=tuple(sorted(segments.items())))

@@ -55,15 +55,16 @@ def report() -> None:
         "segment; volume: the seeds' weekly report, users bucketed by weekly volume (capped at 8).")
 @option("--since", default=None, help="The window: 28d (by position) or 7d (by volume) unless given; 24h, 90m…")
 @option("--segment", default=None, help="By volume only: a campaign id prefix, engagement counts only its messages.")
-@option("--min-sends", type=click.IntRange(1), default=None,
-        help="By position: sends a group of positions must hold (sparse positions merge upward); default 800.")
+@option("--min-events", type=click.IntRange(1), default=None,
+        help="By position: clicks and unsubscribes a tested group of positions must hold (thin top positions "
+        "merge); default 20.")
 @option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
 @option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
         help="Also write a self-contained HTML page with charts to this file.")
 @option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @url_option
 def report_fatigue(
-    by: str, since: str | None, segment: str | None, min_sends: int | None, at: str | None,
+    by: str, since: str | None, segment: str | None, min_events: int | None, at: str | None,
     html_file: Path | None, as_json: bool, database_url: str | None,
 ) -> None:
     """Fatigue: what one more send costs in unsubscribes and earns in clicks, with the crossover.
@@ -74,8 +75,8 @@ def report_fatigue(
     the seeds' weekly report, users bucketed by how many sends they received.
     """
     if by == "volume":
-        if min_sends is not None:
-            raise GovError("--min-sends belongs to --by position")
+        if min_events is not None:
+            raise GovError("--min-events belongs to --by position")
         _report_by_volume(since or "7d", segment, at, html_file, as_json, database_url)
         return
     if segment is not None:
@@ -84,7 +85,7 @@ def report_fatigue(
 
     result = marginal.marginal_report(
         dsn(database_url), since=duration(since or "28d", "--since"), now=parse_at(at),
-        min_sends=min_sends or marginal.DEFAULT_MIN_SENDS,
+        min_events=min_events or marginal.DEFAULT_MIN_EVENTS,
     )
     if as_json:
         click.echo(json.dumps(result.as_json(), separators=(",", ":")))

@@ -108,13 +108,13 @@ def whatif(file: Path, since: str, at: str | None, as_json: bool, database_url: 
 @policy_group.command("suggest")
 @option("--since", default="28d", help="The window of accepted sends the measure reads.")
 @option("--at", default=None, help="End the window at this ISO 8601 time instead of now.")
-@option("--min-sends", type=click.IntRange(1), default=None,
-        help="Sends a group of positions must hold before it stands alone; default 800.")
+@option("--min-events", type=click.IntRange(1), default=None,
+        help="Clicks and unsubscribes a tested group of positions must hold (thin top positions merge); default 20.")
 @option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
         help="Write the suggested policy to this file instead of stdout.")
 @url_option
 def policy_suggest(
-    since: str, at: str | None, min_sends: int | None, out_file: Path | None, database_url: str | None
+    since: str, at: str | None, min_events: int | None, out_file: Path | None, database_url: str | None
 ) -> None:
     """Suggest weekly caps just below each crossover the fatigue measure confirms; change nothing.
 
@@ -128,7 +128,7 @@ def policy_suggest(
 
     url = dsn(database_url)
     report = marginal.marginal_report(
-        url, since=duration(since, "--since"), now=parse_at(at), min_sends=min_sends or marginal.DEFAULT_MIN_SENDS
+        url, since=duration(since, "--since"), now=parse_at(at), min_events=min_events or marginal.DEFAULT_MIN_EVENTS
     )
     with connect(database_url) as conn:
         stored = policy.load_stored(conn)

@@ -254,6 +254,9 @@ CREATE TABLE gov.deferred (
 );
 -- the releaser scans only what still waits, in release order
 CREATE INDEX deferred_due ON gov.deferred (release_at) WHERE state = 'waiting';
+-- a user's waiting rows by the slot they wait for: the release order's contenders, and the
+-- send's look for a slot owed to a nearer deadline (gov.release_owed), one probe each
+CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE state = 'waiting';
 -- a collapse group (user, key) has one waiting row, its carrier: the newest member
 -- (older members are collapsed into it as soon as it arrives)
 CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)

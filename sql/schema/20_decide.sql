@@ -394,6 +394,12 @@ BEGIN
         RAISE EXCEPTION 'ttl must be at least 1 second (message % of user %, ttl %)', p_message_id, p_user_id, p_ttl_s
             USING ERRCODE = 'GV001';
     END IF;
+    SELECT coalesce(p_ttl_s, t.default_ttl_s), t.on_exceed INTO v_ttl_s, v_verb FROM gov.tiers t WHERE t.tier = p_tier;
+    IF v_verb IN ('defer', 'collapse') THEN
+        -- a slot that opened for held rows with a nearer deadline is theirs (earliest
+        -- deadline first): they go before this message is decided
+        PERFORM gov.release_owed(p_user_id, p_tier, p_collapse_key, v_now + v_ttl_s * interval '1 second', v_now);
+    END IF;
     SELECT * INTO v_verdict
       FROM gov.decide_core(p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, v_now, false) d;
 
@@ -403,7 +409,6 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT coalesce(p_ttl_s, t.default_ttl_s), t.on_exceed INTO v_ttl_s, v_verb FROM gov.tiers t WHERE t.tier = p_tier;
     INSERT INTO gov.message_content (user_id, message_id, content, collapse_key, ttl_s, expires_at)
     VALUES (p_user_id, p_message_id, p_content, p_collapse_key, v_ttl_s, v_now + v_ttl_s * interval '1 second');
 

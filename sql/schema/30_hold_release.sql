@@ -170,7 +170,10 @@ $$;
 -- that waited for a user lock could close a cycle; one that never waits cannot. A row
 -- whose user is busy is returned as 'busy' and left due for the next round.
 --
--- Failure stays with its row: each row is handled in its own subtransaction; an error
+-- Order: a due row's user's contenders are decided together, earliest deadline first
+-- (gov.release_contenders), so the slot goes to the message that needs it soonest.
+--
+-- Failure stays with its row: each row is handled in its own subtransaction (gov.release_row); an error
 -- (a tier the policy no longer defines, content that no longer fits, anything raised)
 -- rolls back that row's work only, and the row ends 'failed' with the error text, with
 -- the messages a collapse carrier stood for. The rest of the batch goes on.
@@ -178,10 +181,14 @@ CREATE FUNCTION gov.release_due_v2(p_shard_key text, p_limit integer, p_now time
 RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now   timestamptz := coalesce(p_now, clock_timestamp());
+    v_now     timestamptz := coalesce(p_now, clock_timestamp());
+    v_deferred text := gov.shard_relation('gov.deferred', p_shard_key);
+    v_content  text := gov.shard_relation('gov.message_content', p_shard_key);
     r_due     gov.deferred%ROWTYPE;
+    r_row     gov.deferred%ROWTYPE;
+    v_rows    gov.deferred[];
+    v_waiting bigint;
     v_done    record;
-    v_error   text;
     v_handled integer := 0;
 BEGIN
     -- No LIMIT in the query: a busy row must not take the place of one that can go, so
@@ -192,31 +199,128 @@ BEGIN
          WHERE d.state = 'waiting' AND d.release_at <= $1
          ORDER BY d.release_at, d.id
            FOR UPDATE SKIP LOCKED
-        $q$, gov.shard_relation('gov.deferred', p_shard_key)) USING v_now
+        $q$, v_deferred) USING v_now
     LOOP
         EXIT WHEN v_handled >= p_limit;
         IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
             RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
             CONTINUE;
         END IF;
-        v_handled := v_handled + 1;
-        BEGIN
-            SELECT * INTO v_done FROM gov.release_one(r_due, v_now) r;
-        EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
-            v_error := left(v_error, 1000);
-            UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = v_now
-             WHERE d.user_id = r_due.user_id AND d.id = r_due.id;
-            UPDATE gov.deferred d
-               SET state = 'failed', outcome = 'failed', finished_at = v_now,
-                   error = format('collapsed into %s, which failed: %s', r_due.message_id, v_error)
-             WHERE d.user_id = r_due.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
-               AND d.collapsed_into = r_due.message_id;
-            SELECT 'failed'::text AS o_state, 'failed'::text AS o_outcome, '{}'::bigint[] AS o_outbox_ids
-              INTO v_done;
-        END;
-        RETURN QUERY SELECT r_due.user_id, r_due.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
+        -- The slot this row waited for goes to the user's contender with the nearest
+        -- deadline (gov.release_contenders' order): every waiting row of the user that is
+        -- due, or whose slot has opened and only its jitter keeps it back (planned_at), is
+        -- decided now, in that order, so the first takes the slot and the others wait for
+        -- the next one. All of them or none: a contender another releaser holds (taken by
+        -- its scan, which then found the user busy) makes the user busy here too, or the
+        -- slot could go to a later deadline.
+        EXECUTE format($q$
+            SELECT count(*) FROM %s d
+             WHERE d.user_id = $1 AND d.state = 'waiting' AND (d.release_at <= $2 OR d.planned_at <= $2)
+            $q$, v_deferred) INTO v_waiting USING r_due.user_id, v_now;
+        v_rows := ARRAY(SELECT r FROM gov.release_contenders(v_deferred, v_content, r_due.user_id, v_now) r);
+        IF cardinality(v_rows) < v_waiting THEN
+            RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
+            CONTINUE;
+        END IF;
+        FOREACH r_row IN ARRAY v_rows LOOP
+            v_handled := v_handled + 1;  -- a user's contenders go together, past p_limit if need be
+            SELECT * INTO v_done FROM gov.release_row(r_row, v_now) r;
+            RETURN QUERY SELECT r_row.user_id, r_row.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
+        END LOOP;
     END LOOP;
+END;
+$$;
+
+-- The release order (issue 30, item 3): one user's waiting rows that compete for a slot
+-- now (due, or planned for a moment already past), locked (SKIP LOCKED) and ordered
+-- EARLIEST DEADLINE FIRST, then the higher tier (P1 before P2 before P3), then the older
+-- hold. A row's deadline is the nearer of its content's expiry (the TTL) and its give-up
+-- moment (defer_max). p_deferred and p_content: the relations to read (the user's shard's
+-- on a Citus cluster, gov.shard_relation; colocated, so the join is one node's).
+CREATE FUNCTION gov.release_contenders(p_deferred text, p_content text, p_user_id text, p_now timestamptz)
+RETURNS SETOF gov.deferred
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY EXECUTE format($q$
+        SELECT d.*
+          FROM %1$s d
+          LEFT JOIN %2$s c ON c.user_id = d.user_id AND c.message_id = d.message_id
+         WHERE d.user_id = $1 AND d.state = 'waiting' AND (d.release_at <= $2 OR d.planned_at <= $2)
+         ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id
+           FOR UPDATE OF d SKIP LOCKED
+        $q$, p_deferred, p_content) USING p_user_id, p_now;
+END;
+$$;
+
+-- A fresh message of a tier that waits when blocked (defer, collapse) arrives after a
+-- slot opened for the user's held rows but before the releaser's jitter let them go: the
+-- held rows whose deadline is nearer than the newcomer's (p_deadline; on a tie, of a
+-- higher tier) are released first, in the release order, so the newcomer cannot take the
+-- slot from a message that needs it sooner. The newcomer's own collapse group is left to
+-- it (it carries that group: gov.absorb_group). A tier that drops is never made to yield
+-- (it would lose the message). Called by gov.send_v1 before the decision, under the
+-- user's lock; a row a releaser holds is skipped (SKIP LOCKED: a sender never waits for
+-- a releaser's rows here). What it releases is queued in the outbox like any release.
+CREATE FUNCTION gov.release_owed(
+    p_user_id      text,
+    p_tier         text,
+    p_collapse_key text,
+    p_deadline     timestamptz,
+    p_now          timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    r_row gov.deferred%ROWTYPE;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_user_id, 0));
+    PERFORM gov.cluster_user_lock(p_user_id);
+    FOR r_row IN
+        SELECT d.*
+          FROM gov.deferred d
+          LEFT JOIN gov.message_content c ON c.user_id = d.user_id AND c.message_id = d.message_id
+         WHERE d.user_id = p_user_id AND d.state = 'waiting' AND d.planned_at <= p_now
+           AND NOT (d.kind = 'collapse' AND d.tier = p_tier AND d.collapse_key = coalesce(p_collapse_key, ''))
+           AND (least(c.expires_at, d.give_up_at), d.tier) < (p_deadline, p_tier)
+         ORDER BY least(c.expires_at, d.give_up_at), d.tier, d.enqueued_at, d.id
+           FOR UPDATE OF d SKIP LOCKED
+    LOOP
+        PERFORM gov.release_row(r_row, p_now);
+    END LOOP;
+END;
+$$;
+
+-- One held row released (gov.release_one) in a subtransaction of its own. Failure stays
+-- with its row: an error (a tier the policy no longer defines, content that no longer
+-- fits, anything raised) rolls back that row's work only, and the row ends 'failed' with
+-- the error text, with the messages a collapse carrier stood for.
+CREATE FUNCTION gov.release_row(
+    p_row        gov.deferred,
+    p_now        timestamptz,
+    OUT o_state      text,
+    OUT o_outcome    text,
+    OUT o_outbox_ids bigint[]
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_error text;
+BEGIN
+    BEGIN
+        SELECT r.o_state, r.o_outcome, r.o_outbox_ids INTO o_state, o_outcome, o_outbox_ids
+          FROM gov.release_one(p_row, p_now) r;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS v_error = MESSAGE_TEXT;
+        v_error := left(v_error, 1000);
+        UPDATE gov.deferred d SET state = 'failed', outcome = 'failed', error = v_error, finished_at = p_now
+         WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
+        UPDATE gov.deferred d
+           SET state = 'failed', outcome = 'failed', finished_at = p_now,
+               error = format('collapsed into %s, which failed: %s', p_row.message_id, v_error)
+         WHERE d.user_id = p_row.user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+           AND d.collapsed_into = p_row.message_id;
+        o_state := 'failed';
+        o_outcome := 'failed';
+        o_outbox_ids := '{}';
+    END;
 END;
 $$;
 
@@ -286,9 +390,13 @@ BEGIN
                 o_outcome := 'ttl_expired';
             ELSE
                 -- never due again in the same instant: every round moves a row forward
-                v_next := greatest(v_next + gov.release_jitter(p_row.user_id, p_row.message_id || '#' || v_next::text),
-                                   p_now + interval '1 millisecond');
-                UPDATE gov.deferred d SET release_at = v_next
+                -- planned_at: the slot it now waits for (the release order reads it), the
+                -- jitter on top in release_at only
+                UPDATE gov.deferred d
+                   SET planned_at = v_next,
+                       release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
+                                                                         p_row.message_id || '#' || v_next::text),
+                                             p_now + interval '1 millisecond')
                  WHERE d.user_id = p_row.user_id AND d.id = p_row.id;
                 o_state := 'waiting';
                 o_outcome := v_verdict.reason;

@@ -225,3 +225,49 @@ def test_http_bench_smoke(pg_server: str, tmp_path: Path, client: str) -> None:
         left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                             (report["settings"]["databases"]["gov_serve"],)).fetchall()
     assert left == []
+
+
+def test_compare_url_measures_both_targets_with_ratios_and_server_cpu(pg_server: str, tmp_path: Path) -> None:
+    """--compare-url on a second scratch database of the same server: both targets' lines, the
+    compare/primary ratios, and a positive server CPU per decision for each local node. No figure is judged."""
+    out = tmp_path / "compare.json"
+    r = bench(
+        "--workload", "fresh", "--seconds", "1", "--rounds", "2", "--connections", "2", "--no-redis",
+        "--compare-url", pg_server, "--json", str(out), env={"GOV_DATABASE_URL": pg_server},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for words in ("gov@compare", "select1@compare", "compare/primary", "server CPU per decision", "µs / decision"):
+        assert words in r.stdout, words
+    report = json.loads(out.read_text())
+    lines = {f["contender"]: f for f in report["results"]}
+    assert set(lines) == {"select1", "gov", "select1@compare", "gov@compare"}
+    assert report["settings"]["compare_database"] != report["settings"]["database"]
+    for name, f in lines.items():
+        assert f["decisions"] > 0 and f["decisions_per_s"] > 0, f
+        if name.endswith("@compare"):
+            assert f["target"] == "compare" and f["x_primary_rate"] > 0 and f["x_primary_p50"] > 0, f
+            assert f["x_primary_p99"] > 0, f
+        else:
+            assert f["target"] == "primary" and f["x_primary_rate"] is None, f
+    assert lines["gov@compare"]["suppressed"] == 0  # fresh users on the compare target too
+    cpu = report["server_cpu"]
+    assert {row["contender"] for row in cpu} == set(lines)
+    for row in cpu:
+        # the test server is on this machine: every node is counted, and spent something
+        assert row["us_per_decision"] is not None and row["us_per_decision"] > 0, row
+    # both scratch databases are gone
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = ANY(%s)",
+                            ([report["settings"]["database"], report["settings"]["compare_database"]],)).fetchall()
+    assert left == []
+
+
+def test_bad_compare_url_is_one_line_before_any_client(pg_server: str) -> None:
+    for url in ("postgresql://gov@127.0.0.1:1/nowhere?connect_timeout=2", "not a url"):
+        r = bench("--seconds", "1", "--no-redis", "--compare-url", url, env={"GOV_DATABASE_URL": pg_server})
+        assert r.returncode in (1, 2), r.stderr
+        lines = r.stderr.splitlines()
+        assert lines and lines[-1].startswith("gov: error: cannot reach the --compare-url server"), r.stderr
+        # nothing started: no progress line, no scratch database, no client
+        assert [line for line in lines if line.startswith("gov bench: ")] == [], r.stderr
+        assert r.stdout == ""

@@ -16,6 +16,7 @@ from gov.analytics.marginal import (
     NOT_REACHED,
     OVERALL,
     decide,
+    fatigue_groups,
     marginal_html,
     marginal_report,
     marginal_table,
@@ -133,19 +134,24 @@ def _population(conn: psycopg.Connection[Any]) -> None:
 def test_the_sql_rule_is_the_python_rule(conn: psycopg.Connection[Any]) -> None:
     _population(conn)
     for min_sends in (100, 400, 1000, 3000):
-        report = marginal_report(conn, since=timedelta(days=30), now=END, min_sends=min_sends)
-        assert [s.segment for s in report.segments] == [OVERALL, "(none)", "even"]
-        for measure in report.segments:
-            groups = [(r.sends, r.clicks, r.unsubscribes) for r in measure.rows]
+        rows = fatigue_groups(conn, since=timedelta(days=30), now=END, min_sends=min_sends)
+        assert list(dict.fromkeys(r.segment for r in rows)) == [OVERALL, "(none)", "even"]
+        for segment in (OVERALL, "(none)", "even"):
+            mine = [r for r in rows if r.segment == segment]
+            groups = [(r.sends, r.clicks, r.unsubscribes) for r in mine]
             verdict = decide(groups)
-            assert measure.verdict == verdict.verdict, (min_sends, measure.segment)
-            assert [r.crossover for r in measure.rows] == [i == verdict.group for i in range(len(groups))]
-            assert measure.more_sends == verdict.more_sends
-            assert all(r.sends >= min_sends for r in measure.rows[:-1]) or len(measure.rows) == 1
-    overall = marginal_report(conn, since=timedelta(days=30), now=END, min_sends=100).overall
+            assert {r.verdict for r in mine} == {verdict.verdict}, (min_sends, segment)
+            assert [r.crossover for r in mine] == [i == verdict.group for i in range(len(groups))]
+            assert {r.more_sends for r in mine} == {verdict.more_sends}
+            assert all(r.sends >= min_sends for r in mine[:-1]) or len(mine) == 1
+    # the measure gov decides from (gov.analytics.crossover) on the same data
+    overall = marginal_report(conn, since=timedelta(days=30), now=END).overall
     # clicks 4 % vs unsubscribes 5 % at position 6 is not sure on its own; 7 (3 % vs 5.3 %) is
-    assert overall.verdict == CROSSOVER and overall.crossover_position == 6
-    half = marginal_report(conn, since=timedelta(days=30), now=END, min_sends=100).segment("even")
+    # the truth crosses at 6 (4 % vs 5 %), which alone is not sure; the rule confirms 7, its
+    # interval holds 6 and the monotone fit puts the estimate there
+    assert overall.verdict == CROSSOVER and overall.crossover_position == 7
+    assert overall.result.low is not None and overall.result.low <= 6 and overall.result.estimate == 6
+    half = marginal_report(conn, since=timedelta(days=30), now=END).segment("even")
     assert half.verdict in (CROSSOVER, NOT_ENOUGH_DATA)
     assert marginal_report(conn, since=timedelta(hours=10), now=T0 + timedelta(hours=10)).overall.verdict == NOT_REACHED
 
@@ -153,33 +159,36 @@ def test_the_sql_rule_is_the_python_rule(conn: psycopg.Connection[Any]) -> None:
 def test_the_report_renders_and_the_cli_prints_it(db_url: str, tmp_path: Any) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         _population(conn)
-        report = marginal_report(conn, since=timedelta(days=30), now=END, min_sends=100)
+        report = marginal_report(conn, since=timedelta(days=30), now=END)
     from rich.console import Console
 
     console = Console(width=160, record=True)
     console.print(marginal_table(report.overall))
     text = console.export_text()
-    assert "crossover at position 6" in text and "◀ crossover" in text
+    assert "crossover at or before position 7" in text and "◀ crossover" in text
     page = marginal_html(report)
     assert page.count('data-series="click"') == 3 and page.count('data-series="unsubscribe"') == 3
-    assert page.count('class="band"') == 6 and 'data-crossover="6"' in page
+    assert page.count('class="band"') == 6 and 'data-crossover="7"' in page
+    # the row marked is the measure's confirmed position, not the SQL function's own flag
+    assert '<tr class="crossover"><td>7</td>' in page and '<tr class="crossover"><td>6</td>' not in page
     for external in ("<script", "<link", "src=", "url(", "@import"):
         assert external not in page, external
 
     runner = CliRunner()
     env = {"GOV_DATABASE_URL": db_url}
     at = END.isoformat()
-    out = runner.invoke(main, ["report", "fatigue", "--at", at, "--since", "30d", "--min-sends", "100", "--json"],
+    out = runner.invoke(main, ["report", "fatigue", "--at", at, "--since", "30d", "--min-events", "20", "--json"],
                         env=env)
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    assert data["min_sends"] == 100 and data["segments"][0]["segment"] == "*"
-    assert data["segments"][0]["verdict"] == "crossover" and data["segments"][0]["crossover_position"] == 6
+    assert data["min_events"] == 20 and data["segments"][0]["segment"] == "*"
+    assert data["segments"][0]["verdict"] == "crossover" and data["segments"][0]["crossover_position"] == 7
+    assert data["segments"][0]["interval"][1] == 7 and data["segments"][0]["estimate"] == 6
     html = tmp_path / "marginal.html"
-    table = runner.invoke(main, ["report", "fatigue", "--at", at, "--since", "30d", "--min-sends", "100",
+    table = runner.invoke(main, ["report", "fatigue", "--at", at, "--since", "30d", "--min-events", "20",
                                  "--html", str(html)], env=env)
     assert table.exit_code == 0, table.output
-    assert "segment even" in table.stdout and "crossover at position 6" in table.stdout
+    assert "segment even" in table.stdout and "crossover at or before position 7" in table.stdout
     assert 'data-series="unsubscribe"' in html.read_text()
     volume = runner.invoke(main, ["report", "fatigue", "--by", "volume", "--at", at, "--json"], env=env)
     assert volume.exit_code == 0 and "crossover_bucket" in json.loads(volume.stdout)

@@ -538,10 +538,11 @@ def test_defer_max_holds_at_release_when_the_slot_is_taken_again(
     assert gov.send(Message(user_id="u", id="late", tier="P1", title="t")).decision.action == "defer"
     row = held(conn, "late")
     assert row["state"] == "waiting" and row["planned_at"] == start + timedelta(hours=24)
-    # at the release time, a newcomer takes the slot m0 left; the next one opens at +34 h (m1
+    # at the release time, a newcomer takes the slot m0 left (a P2, which spends P1 budget: a
+    # tier that drops never yields a slot to a held row); the next one opens at +34 h (m1
     # leaves), past give_up_at (+26 h) and before the message's TTL (+44 h)
     clock.now = row["release_at"]
-    assert gov.send(Message(user_id="u", id="rival", tier="P1", title="t")).sent
+    assert gov.send(Message(user_id="u", id="rival", tier="P2", title="t")).sent
     stats = Releaser(gov.source, clock=clock).run_once()
     assert stats.outcomes == {"defer_expired": 1}
     assert held(conn, "late")["state"] == "expired" and held(conn, "late")["outcome"] == "defer_expired"

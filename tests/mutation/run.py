@@ -42,6 +42,7 @@ HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
 SURFACE_TEST = "tests/migration/test_sql_surface.py"
 SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
+EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
@@ -63,7 +64,7 @@ MUTANTS = [
         (
             ("sql/schema/30_hold_release.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
              "IF false THEN", 1),
-            ("sql/migrations/0016_distributable.sql",
+            ("sql/migrations/0028_release_order.sql",
              "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
         ),
         ("tests/integration/test_queue.py::test_defer_max_holds_at_release_when_the_slot_is_taken_again",),
@@ -87,7 +88,7 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            ("sql/migrations/0016_distributable.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            ("sql/migrations/0028_release_order.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -261,7 +262,41 @@ MUTANTS = [
         ),
     ),
     Mutant(
-        "s_best_hours_at_click_time",
+        "s_server_cpu_counts_the_postmaster_alone",
+        "gov bench's server CPU counts the postmaster's own time only: neither its live children nor the exited ones",
+        (
+            ("gov/lab/bench/server_cpu.py", "total = sum(int(x) for x in own[11:15])",
+             "total = sum(int(x) for x in own[11:13])", 1),
+            ("gov/lab/bench/server_cpu.py", "if fields is not None and fields[1] == str(postmaster):",
+             "if fields is not None and fields[0] == str(postmaster):", 1),
+        ),
+        ("tests/acceptance/test_bench.py::test_compare_url_measures_both_targets_with_ratios_and_server_cpu",),
+    ),
+    Mutant(
+        "u_release_order_by_release_time",
+        "the release order back to release time and id (no earliest deadline first, no tier tie-break)",
+        (
+            ("sql/schema/30_hold_release.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+            ("sql/migrations/0028_release_order.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+        ),
+        (
+            "tests/integration/test_release_order.py::test_the_slot_goes_to_the_nearest_deadline",
+            "tests/integration/test_release_order.py::test_on_the_same_deadline_the_higher_tier_goes_first",
+            "tests/integration/test_release_order.py::test_the_order_holds_under_concurrent_releasers",
+        ),
+    ),
+    Mutant(
+        "v_a_fresh_message_takes_an_owed_slot",
+        "gov.send_v1 decides a holding tier's message without first releasing the rows owed the slot",
+        (
+            ("sql/schema/20_decide.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n", "    IF false THEN\n", 1),
+            ("sql/migrations/0028_release_order.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n",
+             "    IF false THEN\n", 1),
+        ),
+        ("tests/integration/test_release_order.py::test_a_fresh_message_does_not_take_a_slot_owed_to_a_nearer_deadline",),
+    ),
+    Mutant(
+        "w_best_hours_at_click_time",
         "the best hours place a clicked message at the hour of its click, not of its display",
         tuple(
             (f, "coalesce(min(e.created_at) FILTER (WHERE e.event = 'display'), min(e.created_at)) AS shown_at",
@@ -271,13 +306,27 @@ MUTANTS = [
         ("tests/integration/test_best_hours.py::test_hours_are_local_at_display_and_dst_moves_none",),
     ),
     Mutant(
-        "t_best_hours_skip_the_segment",
+        "x_best_hours_skip_the_segment",
         "a user's best hours are shrunk toward all users' curve even when their segment has its own",
         tuple(
             (f, "coalesce(s.estimate, p.estimate) AS prior", "p.estimate AS prior", 1)
             for f in ("sql/schema/50_analytics.sql", "sql/migrations/0029_best_hours.sql")
         ),
         ("tests/integration/test_best_hours.py::test_a_segment_with_its_own_hours_is_the_prior_of_its_users",),
+    ),
+    Mutant(
+        "y_crossover_rule_per_position",
+        "the crossover rule tests each group on its own at 95 % (no fixed sequence): the lowest group that "
+        "passes is declared, so over a curve of many positions a crossover is declared early far more than 5 %",
+        (
+            ("gov/analytics/crossover.py",
+             "        adjusted = {j: max(local[k] for k in ends if k >= j) for j in ends}",
+             "        adjusted = {j: local[j] for j in ends}", 1),
+        ),
+        (
+            "tests/unit/test_crossover.py::"
+            "test_the_rule_declares_a_crossover_early_at_most_alpha_of_the_time_over_the_whole_curve",
+        ),
     ),
 ]
 

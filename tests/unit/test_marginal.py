@@ -1,5 +1,7 @@
-"""The marginal fatigue measure's rule in Python: the Wilson interval, the merging of
-sparse positions, and the crossover rule (crossover, not reached, not enough data)."""
+"""The SQL function's own per-group rule in Python (gov.fatigue_marginal_v1's verdict
+columns, kept as released): the Wilson interval, the merging of sparse positions, and
+its crossover rule. The measure gov decides from is gov.analytics.crossover
+(tests/unit/test_crossover.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from gov.analytics.marginal import (
     NOT_REACHED,
     decide,
     difference_low,
-    expected_crossover,
     merge_positions,
     sends_to_decide,
     wilson,
@@ -100,12 +101,3 @@ def test_the_difference_interval_is_newcombes_from_the_wilson_bounds() -> None:
     expected = 0.01 - math.sqrt((0.04 - u_low) ** 2 + (c_high - 0.03) ** 2)
     assert difference_low(40, 30, 1000) == pytest.approx(expected)
     assert difference_low(40, 30, 1000) < 0 < difference_low(80, 20, 1000)
-
-
-def test_the_expected_crossover_groups_as_the_measure_and_has_no_interval() -> None:
-    curve = [(p, 300, 30.0 - 2 * p, 1.0 + p * p / 4) for p in range(12)]
-    first, last = expected_crossover(curve, 200) or (None, None)
-    # expected unsubscribes pass expected clicks between positions 7 (13.25 < 16) and 8 (17 > 14)
-    assert (first, last) == (8, 8)
-    assert expected_crossover(curve, 600) == (8, 9)
-    assert expected_crossover([(0, 300, 30.0, 1.0)], 200) is None

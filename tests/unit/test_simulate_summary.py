@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from gov.analytics.crossover import CrossoverEstimate
 from gov.analytics.marginal import NOT_REACHED, MarginalReport, SegmentMeasure
 from gov.lab.simulate.summary import Summary, confirmed_bucket, render, to_html
 from tests.unit.test_simulate_html import _measure, _summary
@@ -27,17 +28,17 @@ def _not_reached(s: Summary) -> Summary:
     """``s`` with the marginal measure finding no crossover, while the buckets' rates still cross."""
     def flat(segment: str) -> SegmentMeasure:
         return SegmentMeasure(segment, tuple(replace(r, crossover=False, verdict=NOT_REACHED)
-                                             for r in _measure(segment).rows))
+                                             for r in _measure(segment).rows), CrossoverEstimate(NOT_REACHED))
 
     assert s.marginal is not None
     segments = tuple(flat(m.segment) for m in s.marginal.segments)
-    return replace(s, marginal=MarginalReport(s.marginal.since, s.marginal.now, s.marginal.min_sends, segments),
+    return replace(s, marginal=MarginalReport(s.marginal.since, s.marginal.now, s.marginal.min_events, segments),
                    truth_positions=tuple((seg, pos, n, c, 0.0) for seg, pos, n, c, _ in s.truth_positions))
 
 
 def test_the_summary_leads_with_the_measure_and_the_truth() -> None:
     text = _text(_summary("governed", "default policy"))
-    lead = text.index("Fatigue, all users: the marginal measure says crossover at position 2; the truth (no noise)")
+    lead = text.index("Fatigue, all users: the marginal measure says crossover at or before position 2 (confirmed")
     assert lead < text.index("Crossover by send position") < text.index("The seeds' view")
     assert text.index("The seeds' view") < text.index("What the dice gave (realised, not the truth)")
     assert "Ground truth" not in text  # "truth" is only the noiseless one
@@ -47,7 +48,7 @@ def test_a_bucket_crossover_the_measure_confirms_is_kept() -> None:
     s = _summary("governed", "default policy")
     assert confirmed_bucket(s) == 3  # the buckets cross at 3, the measure at position 2: the same send
     text = _text(s)
-    assert "crossover at bucket 3, as the marginal measure finds (crossover at position 2)" in text
+    assert "crossover at bucket 3, as the marginal measure finds (crossover at or before position 2" in text
     assert "◀ crossover" in text.split("The seeds' view", 1)[1].split("What the dice gave", 1)[0]
 
 

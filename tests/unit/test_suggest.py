@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+from gov.analytics.crossover import CrossoverEstimate
 from gov.analytics.marginal import CROSSOVER, NOT_ENOUGH_DATA, NOT_REACHED, OVERALL, MarginalReport, MarginalRow
 from gov.analytics.marginal import SegmentMeasure as Measure
 from gov.analytics.suggest import WEEK_MS, suggest, weekly_capped
@@ -23,7 +24,14 @@ def measure(segment: str, crossover_at: int | None, verdict: str | None = None) 
             verdict or (CROSSOVER if crossover_at is not None else NOT_REACHED),
             500 if verdict == NOT_ENOUGH_DATA else None,
         ))
-    return Measure(segment, tuple(rows))
+    kind = verdict or (CROSSOVER if crossover_at is not None else NOT_REACHED)
+    if kind == CROSSOVER:
+        result = CrossoverEstimate(CROSSOVER, crossover_at, max(0, (crossover_at or 0) - 2), crossover_at,
+                                   crossover_at, 0.004)
+    else:
+        result = CrossoverEstimate(kind, low=3, estimate=12 if kind == NOT_ENOUGH_DATA else None,
+                                   more_sends=500 if kind == NOT_ENOUGH_DATA else None)
+    return Measure(segment, tuple(rows), result)
 
 
 def report(*measures: Measure) -> MarginalReport:

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     "and dropped after; your own gov tables are never touched. Without one, a throwaway embedded PostgreSQL.",
 )
 @option(
+    "--compare-url",
+    envvar="GOV_BENCH_COMPARE_URL",
+    help="A second server to measure the same decisions on, in the same interleaved rounds (typically a "
+    "Citus coordinator; a scratch database there too): its lines are named …@compare, with their ratio "
+    "to the primary's (--database-url, or the embedded server). Not with --delivery, --campaign or --http.",
+)
+@option(
     "--connections",
     envvar="GOV_BENCH_CONNECTIONS",
     type=click.IntRange(min=1),
@@ -211,6 +218,7 @@ if TYPE_CHECKING:
 )
 def bench(
     database_url: str | None,
+    compare_url: str | None,
     connections: int,
     seconds: float,
     users: int | None,
@@ -243,6 +251,8 @@ def bench(
     """
     # before any scratch database, embedded server or client process exists
     check_output_path(json_path, "--json")
+    if compare_url and (delivery or campaign or http):
+        raise click.UsageError("--compare-url measures decisions only: not with --delivery, --campaign or --http")
     if delivery and not verify and shutil.which("node") is None:
         raise click.UsageError("--delivery: the counting push service needs Node.js (`node` on PATH); "
                                "or bench on the verifying Python service with --verify")
@@ -273,6 +283,7 @@ def bench(
         durability=durability,
         redis=redis,
         lock=lock,
+        compare_url=compare_url,
     )
     try:
         report = run(cfg, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True))
@@ -286,7 +297,8 @@ def bench(
         # the clients, the private redis-server and the scratch database are already gone
         click.echo("gov: interrupted", err=True)
         sys.exit(130)
-    console = Console() if sys.stdout.isatty() else Console(width=120)
+    # wide enough for the --compare-url ratio column without wrapping
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     report.print(console)
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection as Pipe
 from typing import Any, LiteralString, cast
 
@@ -51,8 +51,9 @@ from gov.lab.bench.redis_lua import (
     prefill,
     redis_server_path,
 )
-from gov.lab.bench.report import Report, WorkerResult, aggregate
+from gov.lab.bench.report import Figures, Report, WorkerResult, aggregate
 from gov.lab.bench.routing import Routing
+from gov.lab.bench.server_cpu import CpuMeter, Node, target_nodes
 from gov.queries import q, sql_dir
 
 WORKLOADS = ("fresh", "saturated", "mixed")
@@ -166,15 +167,17 @@ def schema_functions() -> Iterator[tuple[str, str, str]]:
 def lock_source(lock: str) -> tuple[str, str]:
     """(function name, ``CREATE OR REPLACE`` source) of the decision taking the ``lock`` lock.
 
-    The function is whichever one of the canonical schema takes the user's advisory
-    lock (gov.decide_v1, or the body it delegates to); ``advisory`` is its text as is,
+    The function is whichever decision function of the canonical schema (gov.decide*) takes
+    the user's advisory lock (gov.decide_v1, or the body it delegates to); ``advisory`` is its text as is,
     ``row`` the same text with that line swapped for a row lock on gov.users, so the
     variant follows every other change to the function. Refuses loudly unless exactly one
     function holds the line exactly once: measuring an unlocked copy would be worse than nothing.
     """
     if lock not in LOCKS:
         raise BenchError(f"unknown lock variant {lock!r} (known: {', '.join(LOCKS)})")
-    found = [(f, name, src) for f, name, src in schema_functions() if ADVISORY_LOCK_LINE in src]
+    # the decision's own functions only: the releaser's (gov.release_owed) takes the same lock
+    found = [(f, name, src) for f, name, src in schema_functions()
+             if name.startswith("gov.decide") and ADVISORY_LOCK_LINE in src]
     if len(found) != 1:
         where = ", ".join(f"{name} ({f})" for f, name, _ in found) or "no function"
         raise BenchError(
@@ -474,6 +477,7 @@ class BenchConfig:
     redis: bool | None = None  # None: when redis-server is on PATH
     lock: str = "advisory"  # advisory | row | both (the lock-choice measurement)
     rounds: int = 1  # timed runs per contender and workload, interleaved; figures are medians
+    compare_url: str | None = None  # a second server (or a Citus coordinator) measured in the same rounds
 
     def gov_contenders(self) -> tuple[str, ...]:
         """gov's lines: one per lock variant and commit mode asked for."""
@@ -575,18 +579,61 @@ def redis_contenders(asked: bool | None, progress: Callable[[str], None]) -> str
     return binary
 
 
+COMPARE_SUFFIX = "@compare"  # the --compare-url target's lines: select1@compare, gov@compare, …
+
+
+@dataclass
+class Target:
+    """One server (or Citus cluster) the decisions are measured on, with its scratch database."""
+
+    name: str  # primary | compare
+    dsn: str
+    admin: psycopg.Connection[Any]
+    routing: Routing
+    cpu: CpuMeter
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.name == "primary" else COMPARE_SUFFIX
+
+
+def reach(url: str, what: str = "database server") -> None:
+    """Fail fast, in one line, when ``url`` names no server gov can reach (before any client is spawned)."""
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:  # unreachable, refused, or not even a connection string
+        raise BenchError(f"cannot reach the {what}: {_one_line(exc)}") from None
+    with translate_errors(), conn:
+        conn.execute(SELECT_1)
+
+
+def _server_text(version: str, fsync: str, sync_commit: str, where: str, nodes: Sequence[Node]) -> str:
+    cluster = f", Citus: {len(nodes)} nodes" if len(nodes) > 1 or nodes[0].role != "server" else ""
+    return (f"PostgreSQL {version}, {where}{cluster}, a scratch database; fsync={fsync}, "
+            f"synchronous_commit={sync_commit}")
+
+
 def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -> Report:
-    """Measure every contender on every workload of ``cfg``; ``progress`` hears each step."""
+    """Measure every contender on every workload of ``cfg``; ``progress`` hears each step.
+
+    With ``cfg.compare_url`` the select1 floor and gov's lines are measured on that server
+    too (``…@compare``), in the same rounds, and compared line by line with the primary's.
+    """
     if cfg.connections < 1 or cfg.seconds <= 0 or cfg.users < 1 or cfg.history < 0 or cfg.rounds < 1:
         raise BenchError("connections, users and rounds must be at least 1, seconds above 0, history not negative")
     redis_binary = redis_contenders(cfg.redis, progress)
     use_redis = redis_binary is not None
     contenders = ("select1", *cfg.gov_contenders(), *(REDIS_CONTENDERS if use_redis else ()))
+    # the compare target has no Redis of its own: the seeds' scripts are not a property of the server
+    compare_contenders = ("select1", *cfg.gov_contenders())
 
     with contextlib.ExitStack() as stack:
-        progress("creating a scratch database" if cfg.database_url else "starting an embedded PostgreSQL")
+        # fail fast, before any client is spawned
         if cfg.database_url:
-            _admin(cfg.database_url, SELECT_1)  # fail fast, before any client is spawned
+            reach(cfg.database_url)
+        if cfg.compare_url:
+            reach(cfg.compare_url, "--compare-url server")
+        progress("creating a scratch database" if cfg.database_url else "starting an embedded PostgreSQL")
         clients = stack.enter_context(ClientPool(cfg.connections))  # they spawn and import meanwhile
         from gov.testing.postgres import scratch_database  # here: the clients need no Alembic
 
@@ -601,15 +648,34 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
             facts = admin.execute(SERVER_FACTS).fetchone()
         assert facts is not None
         version, fsync, sync_commit = facts
+        targets = [Target("primary", dsn, admin, Routing(admin), CpuMeter(target_nodes(admin, dsn)))]
         # Redis clients use PostgreSQL's transport, so the comparison is not of sockets.
         unix = admin.info.host.startswith("/")
         settings: dict[str, Any] = {
-            "server": f"PostgreSQL {version}, {'the given server' if cfg.database_url else 'embedded'}, "
-            f"a scratch database; fsync={fsync}, synchronous_commit={sync_commit}",
+            "server": _server_text(version, fsync, sync_commit,
+                                   "the given server" if cfg.database_url else "embedded", targets[0].cpu.nodes),
             "server_version": version,
             "database": admin.info.dbname,  # dropped at the end
             "transport": "Unix socket" if unix else "TCP",
         }
+        if cfg.compare_url:
+            progress("creating a scratch database on --compare-url")
+            other_dsn = stack.enter_context(scratch_database(cfg.compare_url, "gov_bench"))
+            other = stack.enter_context(psycopg.connect(other_dsn, autocommit=True))
+            with translate_errors():
+                other_facts = other.execute(SERVER_FACTS).fetchone()
+            assert other_facts is not None
+            targets.append(Target("compare", other_dsn, other, Routing(other),
+                                  CpuMeter(target_nodes(other, other_dsn))))
+            settings |= {
+                "compare_server": _server_text(str(other_facts[0]), str(other_facts[1]), str(other_facts[2]),
+                                               "the --compare-url server", targets[1].cpu.nodes),
+                "compare_database": other.info.dbname,
+                "compare_transport": "Unix socket" if other.info.host.startswith("/") else "TCP",
+            }
+        for t in targets:
+            settings[f"nodes{t.suffix}"] = ", ".join(f"{n.name} ({n.role}" + (f", postmaster {n.pid})" if n.pid
+                                                     else f", {n.why_not})") for n in t.cpu.nodes)
 
         redis_url: str | None = None
         shas: dict[str, str] = {}
@@ -643,45 +709,74 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] = lambda _msg: None) -
             f"psycopg {psycopg.__version__}; {os.cpu_count()} CPUs",
         }
         report = Report(settings=settings)
-        routing = Routing(admin)  # on a Citus cluster: where the decisions ran
+        lines = {t.name: contenders if t.name == "primary" else compare_contenders for t in targets}
 
         # Other processes on the machine skew every figure: say how busy it was.
         load_before = os.getloadavg()[0]
         for workload in cfg.workloads:
-            rounds: dict[str, list[list[WorkerResult]]] = {c: [] for c in contenders}
+            rounds: dict[str, list[list[WorkerResult]]] = {
+                c + t.suffix: [] for t in targets for c in lines[t.name]
+            }
             for r in range(cfg.rounds):
-                # The floor first, then the contenders, in reverse every other round: a
-                # contender's place in the sequence (what ran before it) evens out.
-                rest = contenders[1:] if r % 2 == 0 else contenders[:0:-1]
-                for contender in (contenders[0], *rest):
-                    progress(
-                        f"{workload}: {contender}" + (f" (round {r + 1} of {cfg.rounds})" if cfg.rounds > 1 else "")
-                    )
-                    if contender in REDIS_CONTENDERS:
-                        redis_client.flushdb()
-                        if contender == "redis_per_tier_logged":
-                            admin.execute(RESET_SEED_SUPPRESSIONS)
-                        if workload == "saturated":
-                            prefill(redis_client, cfg.users, decisions_to_cap(consumes), consumes, PREFILL_AGE_MS)
-                    elif contender != "select1":
-                        with translate_errors():
-                            if replaced is not None:
-                                install_lock_variant(admin, "row" if contender.startswith("gov_row") else "advisory")
-                            reset_database(admin, cfg, workload, consumes)
-                    spec = RunSpec(contender, workload, cfg.seconds, cfg.users, dsn, redis_url, shas, consumes,
-                                   on_exceed)
-                    counted = contender.startswith("gov")
-                    if counted:
-                        routing.before()
-                    rounds[contender].append(clients.run(spec))
-                    if counted:
-                        routing.after()
-            floor = rounds["select1"]
-            for contender in contenders:
-                report.figures.append(
-                    aggregate(contender, workload, rounds[contender], floor, decides=contender != "select1")
-                )
+                # Target by target (in reverse every other round), each target's floor first,
+                # then its contenders, in reverse every other round: a contender's place in the
+                # sequence (what ran before it) evens out.
+                for target in targets if r % 2 == 0 else targets[::-1]:
+                    mine = lines[target.name]
+                    rest = mine[1:] if r % 2 == 0 else mine[:0:-1]
+                    for contender in (mine[0], *rest):
+                        line = contender + target.suffix
+                        progress(
+                            f"{workload}: {line}" + (f" (round {r + 1} of {cfg.rounds})" if cfg.rounds > 1 else "")
+                        )
+                        if contender in REDIS_CONTENDERS:
+                            redis_client.flushdb()
+                            if contender == "redis_per_tier_logged":
+                                admin.execute(RESET_SEED_SUPPRESSIONS)
+                            if workload == "saturated":
+                                prefill(redis_client, cfg.users, decisions_to_cap(consumes), consumes, PREFILL_AGE_MS)
+                        elif contender != "select1":
+                            with translate_errors():
+                                if replaced is not None:
+                                    install_lock_variant(target.admin,
+                                                         "row" if contender.startswith("gov_row") else "advisory")
+                                reset_database(target.admin, cfg, workload, consumes)
+                        spec = RunSpec(contender, workload, cfg.seconds, cfg.users, target.dsn, redis_url, shas,
+                                       consumes, on_exceed)
+                        counted = contender.startswith("gov")
+                        on_server = contender not in REDIS_CONTENDERS  # the server's CPU is theirs
+                        if counted:
+                            target.routing.before()
+                        if on_server:
+                            target.cpu.before()
+                        rounds[line].append(clients.run(spec))
+                        if on_server:
+                            target.cpu.after(workload, line)
+                        if counted:
+                            target.routing.after()
+            for target in targets:
+                floor = rounds["select1" + target.suffix]
+                for contender in lines[target.name]:
+                    line = contender + target.suffix
+                    figures = aggregate(line, workload, rounds[line], floor, decides=contender != "select1")
+                    if target.name != "primary":
+                        figures = compared_with(figures, next(f for f in report.figures
+                                                              if f.contender == contender and f.workload == workload))
+                    report.figures.append(replace(figures, target=target.name))
+                    if contender not in REDIS_CONTENDERS:
+                        report.server_cpu += target.cpu.per_decision(target.name, workload, line, figures.decisions)
         # before the timed runs only: during them it counts the bench's own processes
         report.settings["load_average"] = f"{load_before:.2f} (1 min, before the timed runs)"
-        report.settings["routing"] = routing.summary()
+        for t in targets:
+            report.settings[f"routing{t.suffix}"] = t.routing.summary()
         return report
+
+
+def compared_with(mine: Figures, primary: Figures) -> Figures:
+    """``mine`` (a --compare-url line) with its ratios to the same line on the primary: compare / primary."""
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b > 0 else None
+
+    return replace(mine, x_primary_rate=ratio(mine.decisions_per_s, primary.decisions_per_s),
+                   x_primary_p50=ratio(mine.p50_ms, primary.p50_ms), x_primary_p99=ratio(mine.p99_ms, primary.p99_ms))

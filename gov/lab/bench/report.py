@@ -41,6 +41,11 @@ class Figures:
     suppressed: int | None
     x_floor: float | None  # median over rounds of (this round's rate / the floor's in the same round)
     rates: tuple[float, ...] = ()  # decisions/s of each round, in order
+    target: str = "primary"  # primary (--database-url or embedded) | compare (--compare-url)
+    # an @compare line against its primary line, same run: compare / primary
+    x_primary_rate: float | None = None
+    x_primary_p50: float | None = None
+    x_primary_p99: float | None = None
 
 
 def percentile(sorted_values: Sequence[int], p: float) -> int:
@@ -101,9 +106,12 @@ class Report:
 
     settings: dict[str, Any]
     figures: list[Figures] = field(default_factory=list)
+    # server CPU per decision: one row per (workload, contender, node) and a total per contender
+    server_cpu: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {"settings": self.settings, "results": [asdict(f) for f in self.figures]}
+        return {"settings": self.settings, "results": [asdict(f) for f in self.figures],
+                "server_cpu": self.server_cpu}
 
     def write_json(self, path: Path) -> None:
         path.write_text(json.dumps(self.as_json(), indent=2) + "\n", encoding="utf-8")
@@ -117,6 +125,9 @@ class Report:
         table.add_column("workload")
         for name in ("decisions/s", "× floor", "p50 ms", "p99 ms", "allowed", "suppressed"):
             table.add_column(name, justify="right")
+        compared = any(f.x_primary_rate is not None for f in self.figures)
+        if compared:
+            table.add_column("compare/primary: dec/s, p50, p99", justify="right")
         if rounds > 1:
             table.add_column("rounds, decisions/s", justify="right")
         previous = None
@@ -134,9 +145,29 @@ class Report:
                 "–" if f.allowed is None else f"{f.allowed:,}",
                 "–" if f.suppressed is None else f"{f.suppressed:,}",
             ]
+            if compared:
+                cells.append("" if f.x_primary_rate is None else
+                             f"{f.x_primary_rate:.2f}× {_ratio(f.x_primary_p50)}× {_ratio(f.x_primary_p99)}×")
             if rounds > 1:
                 cells.append(" ".join(f"{x:,.0f}" for x in f.rates))
             table.add_row(*cells)
+        return table
+
+    def cpu_table(self) -> Table:
+        """Server CPU per decision on each node of each target (µs), and each contender's total."""
+        table = Table(title="server CPU per decision (postmaster and its children, /proc)", title_justify="left")
+        for name in ("contender", "workload", "node", "role", "µs / decision", "CPU s"):
+            table.add_column(name, justify="right" if name in ("µs / decision", "CPU s") else "left")
+        previous = None
+        for row in self.server_cpu:
+            key = (row["workload"], row["contender"])
+            if previous is not None and key != previous:
+                table.add_section()
+            previous = key
+            us = row["us_per_decision"]
+            table.add_row(row["contender"], row["workload"], row["node"], row["role"],
+                          row["note"] if us is None else f"{us:,.1f}",
+                          "" if row["cpu_s"] is None else f"{row['cpu_s']:.2f}")
         return table
 
     def print(self, console: Console) -> None:
@@ -144,3 +175,9 @@ class Report:
         for k, v in self.settings.items():
             console.print(f"[bold]{k}[/bold]: {v}", highlight=False)
         console.print(self.table())
+        if self.server_cpu:
+            console.print(self.cpu_table())
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"

@@ -63,6 +63,16 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         "with --policy under gov's default policy, and show both side by side.")
 @option("--keep", envvar="GOV_SIMULATE_KEEP", is_flag=True,
         help="Keep the scratch database(s) and print their URLs, to look around with SQL.")
+@option("--grid", envvar="GOV_SIMULATE_GRID", is_flag=True,
+        help="Calibrate the crossover measure instead: one governed run per seed x tolerance (--seeds, "
+        "--tolerances), each saved under --grid-cache and reused, then every cell (all users and each "
+        "segment: the measure, its interval, the truth, agreement) and the false-early count.")
+@option("--seeds", envvar="GOV_SIMULATE_SEEDS", default="1-5", help="With --grid: seeds, e.g. 1-5 or 11,12.")
+@option("--tolerances", envvar="GOV_SIMULATE_TOLERANCES", default="0.75,1,1.5",
+        help="With --grid: tolerances, comma-separated.")
+@option("--grid-cache", envvar="GOV_SIMULATE_GRID_CACHE", default=Path(".gov/grid"),
+        type=click.Path(file_okay=False, path_type=Path),
+        help="With --grid: where each simulation's counts and truth are saved (a saved one is not simulated again).")
 @option("--database-url", envvar="GOV_DATABASE_URL", default=None,
         help="A server to simulate on: a scratch database gov_sim_<random> is created there (needs CREATEDB) "
         "and dropped after; your own gov tables are never touched. Without one, the embedded PostgreSQL "
@@ -77,6 +87,10 @@ def simulate(
     html_file: Path | None,
     compare: bool,
     keep: bool,
+    grid: bool,
+    seeds: str,
+    tolerances: str,
+    grid_cache: Path,
     database_url: str | None,
 ) -> None:
     """Play the seeds' story — four teams sending on one Tuesday — through gov on a simulation clock.
@@ -89,6 +103,9 @@ def simulate(
     """
     check_output_path(html_file, "--html")  # before minutes of simulation, not after
     err = Console(stderr=True)
+    if grid:
+        _grid(users, days, seeds, tolerances, grid_cache, database_url, err)
+        return
     try:
         policy_text = policy_name = None
         if policy_file is not None:
@@ -146,6 +163,29 @@ def simulate(
     if not governed_run.exempt.ok or (off_run is not None and not off_run.exempt.ok):
         click.echo("gov: error: a P0 message was suppressed or not delivered to every endpoint", err=True)
         sys.exit(1)
+
+
+def _grid(users: int, days: int, seeds: str, tolerances: str, cache: Path, database_url: str | None,
+          err: Console) -> None:
+    from gov.lab.simulate.grid import cells, grid_table, grid_verdict, load_or_simulate, parse_list
+
+    try:
+        seed_list = parse_list(seeds, int)
+        tolerance_list = parse_list(tolerances, float)
+    except ValueError:
+        click.echo(f"gov: error: --seeds {seeds!r} / --tolerances {tolerances!r}: not a list of numbers", err=True)
+        sys.exit(1)
+    try:
+        sims = [load_or_simulate(cache, lambda: resolve_url(database_url), seed, tol, users, days,
+                                 on_simulate=lambda s, t: err.print(f"gov: simulating seed {s}, tolerance {t:g}"))
+                for tol in tolerance_list for seed in seed_list]
+    except GovError as exc:
+        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        sys.exit(1)
+    result = cells(sims)
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    out.print(grid_table(result))
+    out.print(grid_verdict(result))
 
 
 if __name__ == "__main__":  # pragma: no cover

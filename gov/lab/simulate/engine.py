@@ -460,6 +460,7 @@ class Engine:
         heap: list[tuple[datetime, int, str, Planned]] = []
         next_day = 0
         next_release: datetime | None = None  # the earliest release_at still waiting
+        outbox_seen = 0  # the highest outbox id handed to the deliver stage so far
         gone: frozenset[int] = frozenset()  # who had unsubscribed as of the last finished deliver stage
         delivering: Future[list[int]] | None = None  # the previous tick's deliver stage
 
@@ -520,6 +521,14 @@ class Engine:
                     held = True
                 if held:  # something entered or left the queue: when is the next release due?
                     (next_release,) = gov.source.execute(q("sim_next_release"), {})[0]
+                if due:
+                    # a send may have released held rows owed the slot first (gov.release_owed):
+                    # their outbox rows were returned by no call, so look them up
+                    known = set(queued)
+                    queued.extend(i for (i,) in gov.source.execute(q("sim_new_outbox"),
+                                                                    {"now": now, "after": outbox_seen})
+                                  if i not in known)
+                outbox_seen = max([outbox_seen, *queued])
                 carried = delivering.result() if delivering is not None else []
                 gone = frozenset(self.unsubscribed)
                 delivering = stage.submit(self._deliver, gov, runners, carried + queued, now)

@@ -103,6 +103,8 @@ class Summary:
     collapse_split: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (tier, messages, alone, summarised,
     #                                                                       held, expired) per collapse tier
     expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
+    # (tier, ttl_expired, of which a slot went to a later deadline) per tier (sim_expired_split)
+    expired_split: tuple[tuple[str, int, int], ...] = ()
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
     marginal: Any = None  # gov.analytics.marginal.MarginalReport over the whole run, or None when unavailable
     # ground truth by the marginal measure's definition: (segment, position, sends,
@@ -193,6 +195,9 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         expired_keys = tuple(
             (str(t), str(k), int(n)) for t, k, n in source.execute(q("sim_collapse_expired_by_key"), {})
         )
+        expired_split = tuple(
+            (str(t), int(n), int(later)) for t, n, later in source.execute(q("sim_expired_split"), {})
+        )
         try:
             hours = collect_hours(source, config) if events else None
         except GovError:  # gov.user_hour_estimates is not in this schema yet
@@ -223,6 +228,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         fatigue=fatigue,
         collapse_split=split,  # type: ignore[arg-type]
         expired_by_key=expired_keys,
+        expired_split=expired_split,
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
         marginal=marginal,
         truth_positions=tuple(
@@ -295,6 +301,25 @@ def collapse_lines(s: Summary) -> list[Text]:
     return out
 
 
+def expired_lines(s: Summary) -> list[Text]:
+    """Per tier: its TTL-expired messages, split by whether a slot went to a later deadline.
+
+    "A slot went to a later deadline": between the message's hold and its deadline the user
+    was sent, in the message's own budget, a message of another group whose own deadline was
+    later (sql/queries_simulate.sql, sim_expired_split). Earliest deadline first makes it 0.
+    """
+    out = []
+    for tier, expired, later in s.expired_split:
+        text = Text(f"{tier} expired (TTL): ", style="bold")
+        text.append(
+            f"{expired:,}: {expired - later:,} no slot opened before its TTL, "
+            f"{later:,} a slot went to a later deadline",
+            style="green" if later == 0 else "red",
+        )
+        out.append(text)
+    return out
+
+
 def engagement_text(s: Summary) -> str:
     if not s.events_available:
         return f"{s.unsubscribed:,} users unsubscribed (no telemetry)"
@@ -309,6 +334,7 @@ def render(s: Summary) -> RenderableType:
     parts.append(_rows_table("Per team", s.by_team, "team"))
     parts.append(exempt_line(s))
     parts.extend(collapse_lines(s))
+    parts.extend(expired_lines(s))
     parts.append(Text(""))
     rules = Table(title="Top blocking rules", title_justify="left", title_style="bold")
     for name, justify in (("rule", "left"), ("tier", "left"), ("action", "left"), ("suppressed", "right")):
@@ -452,26 +478,24 @@ def truth_by_position(s: Summary, segment: str) -> list[tuple[int, int, float, f
 def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
     """Per segment (everyone first): (segment, what the measure says, what the truth says, agree).
 
-    The truth is by the measure's own definition (gov.analytics.marginal.expected_crossover):
-    the simulator's expected clicks and unsubscribes of every delivered send, grouped into
-    the same positions, without noise. They agree when both name a crossover within one
-    position of each other, or both say it is not reached.
+    The truth is the simulator's expected clicks and unsubscribes of every delivered send
+    by position, without noise (gov.analytics.crossover.true_crossover: the first position
+    whose expected unsubscribes exceed its expected clicks). They agree as in
+    ``gov simulate --grid`` (gov.lab.simulate.grid.Cell.agrees): a declared crossover within
+    one position of the truth or an interval that holds it, or both not reached.
     """
-    from gov.analytics.marginal import NOT_REACHED, expected_crossover
+    from gov.analytics.crossover import true_crossover
+    from gov.lab.simulate.grid import Cell
 
     report = s.marginal
     segments = [OVERALL_TRUTH, *sorted({seg for seg, *_ in s.truth_positions})]
     out = []
     for seg in segments:
         measure = report.segment(seg)
-        truth = expected_crossover(truth_by_position(s, seg), report.min_sends)
+        truth = true_crossover(truth_by_position(s, seg))
         said = measure.verdict_text()
-        truth_text = "not reached" if truth is None else (
-            f"crossover at position {truth[0]}" if truth[0] == truth[1] else
-            f"crossover at positions {truth[0]}–{truth[1]} (from position {truth[0]})")
-        position = measure.crossover_position
-        agree = (position is None and truth is None and measure.verdict == NOT_REACHED) or (
-            position is not None and truth is not None and abs(position - truth[0]) <= 1)
+        truth_text = "not reached" if truth is None else f"crossover at position {truth}"
+        agree = Cell(s.seed, s.tolerance, seg, measure.result, truth).agrees
         out.append(("all users" if seg == OVERALL_TRUTH else seg, said, truth_text, agree))
     return out
 
@@ -755,11 +779,11 @@ def _marginal_context(s: Summary) -> dict[str, Any] | None:
         "header": ("position", "sends", "clicks", "unsubscribes", "click rate", "95% interval", "unsubscribe rate",
                    "95% interval", "crossover"),
         "rows": [
-            {"crossover": r.crossover, "cells": (
+            {"crossover": r.position_from == overall.crossover_position, "cells": (
                 r.label, f"{r.sends:,}", f"{r.clicks:,}", f"{r.unsubscribes:,}", _percent(r.click_rate),
                 _interval(r.click_low, r.click_high), _percent(r.unsubscribe_rate),
                 _interval(r.unsubscribe_low, r.unsubscribe_high),
-                "◀ crossover" if r.crossover else "")}
+                "◀ crossover" if r.position_from == overall.crossover_position else "")}
             for r in overall.rows
         ],
         "crossover_title": crossover_title(s),
@@ -782,7 +806,9 @@ def _run_context(s: Summary) -> dict[str, Any]:
         "exempt_ok": e.ok,
         "exempt": f"P0: {e.messages:,} messages, {e.all_delivered:,} delivered to every endpoint, "
                   f"{e.suppressed:,} suppressed {'✓' if e.ok else '✗'}",
-        "collapse": [{"text": line.plain, "ok": line.style == "green"} for line in collapse_lines(s)],
+        "collapse": [
+            {"text": line.plain, "ok": line.style == "green"} for line in [*collapse_lines(s), *expired_lines(s)]
+        ],
         "blocking": [(r, t, a, f"{n:,}") for r, t, a, n in s.blocking],
         "sends": f"Sends per user per week: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
                  f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests "
