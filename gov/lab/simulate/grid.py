@@ -21,8 +21,8 @@ from typing import Any
 from gov.analytics.crossover import (
     CROSSOVER,
     DEFAULT_MIN_EVENTS,
-    NOT_REACHED,
     OVERALL,
+    Cell,
     Counts,
     CrossoverEstimate,
     estimate_report,
@@ -129,39 +129,6 @@ def load_or_simulate(
 
 
 # ---------------------------------------------------------------- cells
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One simulation's one set of users: the measure beside the truth."""
-
-    seed: int
-    tolerance: float
-    segment: str
-    estimate: CrossoverEstimate
-    truth: int | None  # the first position whose expected unsubscribes exceed its expected clicks
-
-    @property
-    def declared(self) -> int | None:
-        return self.estimate.position if self.estimate.verdict == CROSSOVER else None
-
-    @property
-    def agrees(self) -> bool:
-        """Within one position, or the truth inside the measure's interval, or both not reached."""
-        e = self.estimate
-        if self.truth is None:
-            return e.verdict == NOT_REACHED
-        if e.verdict != CROSSOVER or e.position is None:
-            return False
-        inside = e.low is not None and e.high is not None and e.low <= self.truth <= e.high
-        return abs(e.position - self.truth) <= 1 or inside
-
-    @property
-    def false_early(self) -> bool:
-        """A crossover declared more than one position before the truth's, or where the truth has none."""
-        if self.declared is None:
-            return False
-        return self.truth is None or self.declared < self.truth - 1
 
 
 def cells(sims: Iterable[SimData], *, min_events: int = DEFAULT_MIN_EVENTS) -> list[Cell]:

@@ -481,11 +481,10 @@ def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
     The truth is the simulator's expected clicks and unsubscribes of every delivered send
     by position, without noise (gov.analytics.crossover.true_crossover: the first position
     whose expected unsubscribes exceed its expected clicks). They agree as in
-    ``gov simulate --grid`` (gov.lab.simulate.grid.Cell.agrees): a declared crossover within
+    ``gov simulate --grid`` (gov.analytics.crossover.Cell.agrees): a declared crossover within
     one position of the truth or an interval that holds it, or both not reached.
     """
-    from gov.analytics.crossover import true_crossover
-    from gov.lab.simulate.grid import Cell
+    from gov.analytics.crossover import Cell, true_crossover
 
     report = s.marginal
     segments = [OVERALL_TRUTH, *sorted({seg for seg, *_ in s.truth_positions})]
