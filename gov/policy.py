@@ -79,6 +79,9 @@ class Policy:
     jitter_ms: int = 0
     segment_engaged_ms: int = DEFAULT_ENGAGED_MS
     segment_dormant_ms: int = DEFAULT_DORMANT_MS
+    #: ``[release] per_minute``: at most this many releases of held messages a minute
+    #: (None: no limit, the default, so held messages go at their slot as before)
+    release_per_minute: int | None = None
 
     def to_toml(self) -> str:
         """The canonical text of this policy: what `gov policy show` prints and diffs."""
@@ -116,6 +119,10 @@ class Policy:
                 out.append(f'end = "{self.quiet_end:%H:%M}"')
             if self.jitter_ms:
                 out.append(f'jitter = "{format_duration(self.jitter_ms)}"')
+            out.append("")
+        if self.release_per_minute is not None:
+            out.append("[release]")
+            out.append(f"per_minute = {self.release_per_minute}")
             out.append("")
         out.append("[segments]")
         out.append(f'engaged_within = "{format_duration(self.segment_engaged_ms)}"')
@@ -268,10 +275,12 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     def refuse(section: str | None, key: str | None, reason: str) -> _Refusal:
         return _Refusal(where.line(section, key), reason)
 
-    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours", "segments"}
+    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours", "segments", "release"}
     if unknown:
         key = sorted(unknown)[0]
-        raise refuse(key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours, segments)")
+        raise refuse(
+            key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours, segments, release)"
+        )
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
         raise refuse(None, "tiers", "the policy must define at least one tier under [tiers.<name>]")
@@ -424,6 +433,16 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     except ValueError as exc:
         raise refuse("quiet_hours", None, str(exc)) from None
 
+    raw_release = data.get("release", {})
+    if not isinstance(raw_release, dict) or set(raw_release) - {"per_minute"}:
+        raise refuse("release", None, "[release] takes per_minute")
+    per_minute = raw_release.get("per_minute")
+    # bool is an int to Python: `per_minute = true` is a mistake, not 1
+    if per_minute is not None and (
+        not isinstance(per_minute, int) or isinstance(per_minute, bool) or not 1 <= per_minute <= 2**31 - 1
+    ):
+        raise refuse("release", "per_minute", "[release] per_minute must be a whole number of releases, at least 1")
+
     raw_rules = data.get("segments", {})
     if not isinstance(raw_rules, dict) or set(raw_rules) - _SEGMENT_RULE_KEYS:
         raise refuse("segments", None, "[segments] takes engaged_within and dormant_after")
@@ -444,7 +463,9 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     if not tiers["P0"].exempt:
         raise refuse("tiers.P0", None, "tier P0 (transactional) must be exempt = true: it is never capped, "
                                        "deferred or quieted")
-    return Policy(tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms)
+    return Policy(
+        tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute
+    )
 
 
 def default_policy_text() -> str:
@@ -494,8 +515,8 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
         for name, exempt, verb, defer_max, ttl, urgency in tiers_rows
     }
     settings = conn.execute(q("policy_settings")).fetchone()
-    quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms = (
-        settings if settings else (None, None, 0, DEFAULT_ENGAGED_MS, DEFAULT_DORMANT_MS)
+    quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute = (
+        settings if settings else (None, None, 0, DEFAULT_ENGAGED_MS, DEFAULT_DORMANT_MS, None)
     )
     return Policy(
         tiers,
@@ -506,6 +527,7 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
         jitter_ms,
         engaged_ms,
         dormant_ms,
+        per_minute,
     )
 
 
@@ -609,6 +631,7 @@ def apply(
             "jitter_ms": policy.jitter_ms,
             "segment_engaged_ms": policy.segment_engaged_ms,
             "segment_dormant_ms": policy.segment_dormant_ms,
+            "release_per_minute": policy.release_per_minute,
         },
     )
     conn.execute(q("record_policy_version"), {"source": source})

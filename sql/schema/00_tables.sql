@@ -70,7 +70,11 @@ CREATE TABLE gov.settings (
     CONSTRAINT settings_quiet_both_or_neither CHECK ((quiet_start IS NULL) = (quiet_end IS NULL)),
     CONSTRAINT settings_jitter_not_negative CHECK (jitter_ms >= 0),
     CONSTRAINT settings_segment_rules_ordered
-        CHECK (segment_engaged_ms > 0 AND segment_dormant_ms >= segment_engaged_ms)
+        CHECK (segment_engaged_ms > 0 AND segment_dormant_ms >= segment_engaged_ms),
+    -- the policy's [release] per_minute: at most this many releases a minute (NULL: no
+    -- limit; gov.release_due_v2)
+    release_per_minute integer,
+    CONSTRAINT settings_release_per_minute_positive CHECK (release_per_minute IS NULL OR release_per_minute > 0)
 );
 
 -- A tier's windows for the users of one segment (`[tiers.P2.segments.dormant]`). For a
@@ -261,6 +265,18 @@ CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE s
 -- (older members are collapsed into it as soon as it arrives)
 CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
     WHERE state = 'waiting' AND kind = 'collapse';
+
+-- The releases of each minute, counted against [release] per_minute (gov.take_release_slot).
+-- user_id is the shard's key ('' on one server; a shard key of gov.shard_keys_v1 on a
+-- cluster), so the table is distributed with the users and each shard counts on its own
+-- node. Only the current minute is read; older ones are cleared as minutes begin.
+CREATE TABLE gov.release_minutes (
+    user_id text        NOT NULL,
+    minute  timestamptz NOT NULL,
+    used    integer     NOT NULL,
+    CONSTRAINT release_minutes_pkey PRIMARY KEY (user_id, minute),
+    CONSTRAINT release_minutes_used_not_negative CHECK (used >= 0)
+);
 
 -- ---------------------------------------------------------------- delivery
 

@@ -159,6 +159,55 @@ $$;
 
 -- ---------------------------------------------------------------- releasing
 
+-- How many releases one shard's releasers may make in one minute: the policy's
+-- [release] per_minute (gov.settings.release_per_minute; NULL: no limit). On a Citus
+-- cluster each shard is counted on its own node (one counter row per shard and minute,
+-- so no release waits for another node): each shard gets per_minute divided by the
+-- number of shards, at least 1.
+CREATE FUNCTION gov.release_minute_cap() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cap    integer;
+    v_shards integer;
+BEGIN
+    -- gov.settings by its local relation, as in gov.release_jitter (a worker calls this)
+    EXECUTE format('SELECT s.release_per_minute FROM %s s', gov.shard_relation('gov.settings', NULL)) INTO v_cap;
+    IF v_cap IS NULL OR NOT gov.distributed() THEN
+        RETURN v_cap;
+    END IF;
+    SELECT count(*) INTO v_shards FROM pg_dist_shard s WHERE s.logicalrelid = 'gov.users'::regclass;
+    RETURN greatest(1, v_cap / greatest(v_shards, 1));
+END;
+$$;
+
+-- Take one release of the minute of p_now from p_minutes (the shard's gov.release_minutes;
+-- p_key: its shard key, '' on one server), if fewer than p_cap were taken: true when
+-- taken. Exact under concurrent releasers: the minute's row is locked by the first that
+-- counts in it, and a second re-reads the count its commit left before adding to it. A new
+-- minute clears the shard's minutes of more than an hour ago (only the current one is read).
+CREATE FUNCTION gov.take_release_slot(p_minutes text, p_key text, p_cap integer, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_minute timestamptz := date_trunc('minute', p_now);
+    v_new    boolean;
+BEGIN
+    EXECUTE format($q$
+        INSERT INTO %s AS m (user_id, minute, used) VALUES ($1, $2, 1)
+        ON CONFLICT (user_id, minute) DO UPDATE SET used = m.used + 1 WHERE m.used < $3
+        RETURNING m.xmax = 0
+        $q$, p_minutes) INTO v_new USING p_key, v_minute, p_cap;
+    IF v_new IS NULL THEN
+        RETURN false;
+    END IF;
+    IF v_new THEN
+        EXECUTE format('DELETE FROM %s m WHERE m.user_id = $1 AND m.minute < $2', p_minutes)
+            USING p_key, v_minute - interval '1 hour';
+    END IF;
+    RETURN true;
+END;
+$$;
+
 -- Release what is due in one shard: take up to p_limit waiting rows whose time has come
 -- (SKIP LOCKED, so concurrent releasers never take one message twice) and decide each
 -- again now through the same decision (gov.release_one). Returns one row per row taken.
@@ -173,6 +222,16 @@ $$;
 -- Order: a due row's user's contenders are decided together, earliest deadline first
 -- (gov.release_contenders), so the slot goes to the message that needs it soonest.
 --
+-- Capacity ([release] per_minute, gov.release_minute_cap): each release that goes out
+-- takes one of the minute's releases (gov.take_release_slot) before it is decided, and
+-- gives it back when the decision holds it again or ends it. Once the minute is full the
+-- scan stops: what is still due stays due, in its release order, for the next minute. A
+-- contender of a user being decided that finds the minute full waits for the next
+-- minute, at a moment within it derived from its user (deterministic jitter), its
+-- planned_at (the slot it waits for) unchanged, so it still contends first for its user.
+-- Releases made by a send (gov.release_owed, a slot owed to a nearer deadline) ride with
+-- that send: neither counted nor held back. No limit set: nothing is counted.
+--
 -- Failure stays with its row: each row is handled in its own subtransaction (gov.release_row); an error
 -- (a tier the policy no longer defines, content that no longer fits, anything raised)
 -- rolls back that row's work only, and the row ends 'failed' with the error text, with
@@ -184,6 +243,10 @@ DECLARE
     v_now     timestamptz := coalesce(p_now, clock_timestamp());
     v_deferred text := gov.shard_relation('gov.deferred', p_shard_key);
     v_content  text := gov.shard_relation('gov.message_content', p_shard_key);
+    v_cap     integer := gov.release_minute_cap();
+    v_minutes text;
+    v_key     text := coalesce(p_shard_key, '');
+    v_used    integer;
     r_due     gov.deferred%ROWTYPE;
     r_row     gov.deferred%ROWTYPE;
     v_rows    gov.deferred[];
@@ -191,6 +254,9 @@ DECLARE
     v_done    record;
     v_handled integer := 0;
 BEGIN
+    IF v_cap IS NOT NULL THEN
+        v_minutes := gov.shard_relation('gov.release_minutes', p_shard_key);
+    END IF;
     -- No LIMIT in the query: a busy row must not take the place of one that can go, so
     -- the loop counts what it handled and stops at p_limit (rows are locked as fetched).
     FOR r_due IN EXECUTE format($q$
@@ -202,6 +268,12 @@ BEGIN
         $q$, v_deferred) USING v_now
     LOOP
         EXIT WHEN v_handled >= p_limit;
+        IF v_cap IS NOT NULL THEN
+            -- the minute is full: the rest stays due for the next one (no row rewritten)
+            EXECUTE format('SELECT m.used FROM %s m WHERE m.user_id = $1 AND m.minute = $2', v_minutes)
+               INTO v_used USING v_key, date_trunc('minute', v_now);
+            EXIT WHEN coalesce(v_used, 0) >= v_cap;
+        END IF;
         IF NOT pg_try_advisory_xact_lock(hashtextextended(r_due.user_id, 0)) THEN
             RETURN QUERY SELECT r_due.user_id, r_due.message_id, 'busy'::text, NULL::text, '{}'::bigint[];
             CONTINUE;
@@ -224,7 +296,21 @@ BEGIN
         END IF;
         FOREACH r_row IN ARRAY v_rows LOOP
             v_handled := v_handled + 1;  -- a user's contenders go together, past p_limit if need be
+            IF v_cap IS NOT NULL AND NOT gov.take_release_slot(v_minutes, v_key, v_cap, v_now) THEN
+                UPDATE gov.deferred d
+                   SET release_at = date_trunc('minute', v_now) + interval '1 minute'
+                                    + (abs(hashtextextended(r_row.user_id, 30)) % 60000) * interval '1 millisecond'
+                 WHERE d.user_id = r_row.user_id AND d.id = r_row.id;
+                RETURN QUERY SELECT r_row.user_id, r_row.message_id, 'waiting'::text, 'minute_full'::text,
+                                    '{}'::bigint[];
+                CONTINUE;
+            END IF;
             SELECT * INTO v_done FROM gov.release_row(r_row, v_now) r;
+            IF v_cap IS NOT NULL AND v_done.o_state NOT IN ('released', 'collapsed') THEN
+                -- nothing went out: the minute's release is given back
+                EXECUTE format('UPDATE %s m SET used = m.used - 1 WHERE m.user_id = $1 AND m.minute = $2', v_minutes)
+                  USING v_key, date_trunc('minute', v_now);
+            END IF;
             RETURN QUERY SELECT r_row.user_id, r_row.message_id, v_done.o_state, v_done.o_outcome, v_done.o_outbox_ids;
         END LOOP;
     END LOOP;

@@ -182,7 +182,7 @@ BEGIN
     FOREACH v_name IN ARRAY ARRAY['gov.users', 'gov.user_caps', 'gov.user_topic_optouts', 'gov.messages',
                                   'gov.sends', 'gov.push_suppressions', 'gov.deferred', 'gov.subscriptions',
                                   'gov.message_content', 'gov.outbox', 'gov.delivery_attempts',
-                                  'gov.push_events'] LOOP
+                                  'gov.push_events', 'gov.release_minutes'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = v_name::regclass) THEN
             IF v_name = 'gov.users' THEN
                 PERFORM create_distributed_table(v_name, 'user_id');

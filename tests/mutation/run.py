@@ -88,7 +88,8 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            ("sql/migrations/0028_release_order.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            # (release_due_v2 as migration 0030 last made it)
+            ("sql/migrations/0030_best_slot.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -326,6 +327,37 @@ MUTANTS = [
         (
             "tests/unit/test_crossover.py::"
             "test_the_rule_declares_a_crossover_early_at_most_alpha_of_the_time_over_the_whole_curve",
+        ),
+    ),
+    Mutant(
+        "bt1_minute_slot_taken_without_the_check",
+        "gov.take_release_slot adds to the minute's count whatever it is: only the releaser's own "
+        "look before each user (racy) keeps the capacity",
+        tuple(
+            (f, "DO UPDATE SET used = m.used + 1 WHERE m.used < $3", "DO UPDATE SET used = m.used + 1", 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        ("tests/integration/test_release_capacity.py::test_the_capacity_is_exact_under_concurrent_releasers",),
+    ),
+    Mutant(
+        "bt2_minute_slot_kept_when_nothing_went",
+        "a release that is held again or ends keeps the minute's place it took",
+        tuple(
+            (f, "SET used = m.used - 1 WHERE", "SET used = m.used WHERE", 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        ("tests/integration/test_release_capacity.py::test_a_release_that_does_not_go_gives_its_place_back",),
+    ),
+    Mutant(
+        "bt3_release_capacity_ignored",
+        "gov.release_due_v2 never reads [release] per_minute: every due row goes in its minute",
+        tuple(
+            (f, "v_cap     integer := gov.release_minute_cap();", "v_cap     integer := NULL;", 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        (
+            "tests/integration/test_release_capacity.py::test_no_minute_gets_more_than_the_capacity",
+            "tests/integration/test_release_capacity.py::test_a_user_cut_at_the_minute_waits_for_the_next_with_its_order_kept",
         ),
     ),
 ]
