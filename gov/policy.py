@@ -40,6 +40,9 @@ RULE_SEGMENTS = ("engaged", "casual", "dormant")
 DEFAULT_ENGAGED_MS = 7 * 86_400_000  # a click within this: engaged
 DEFAULT_DORMANT_MS = 30 * 86_400_000  # no click for this (and known this long): dormant
 _SEGMENT_RULE_KEYS = {"engaged_within", "dormant_after"}
+_TIMING_KEYS = {"enabled", "p1_max_delay", "explore"}
+DEFAULT_P1_MAX_DELAY_MS = 3_600_000  # a P1 (account activity) waits at most an hour for a better one
+DEFAULT_EXPLORE = 0.05  # of the timed messages, released at a drawn hour so the estimate sees others
 
 
 @dataclass(frozen=True, order=True)
@@ -82,6 +85,13 @@ class Policy:
     #: ``[release] per_minute``: at most this many releases of held messages a minute
     #: (None: no limit, the default, so held messages go at their slot as before)
     release_per_minute: int | None = None
+    #: ``[timing]``: a held message goes at the best hour of its user's estimate within
+    #: its deadline (off by default: the first slot, as the seeds have it); P1 at most
+    #: ``timing_p1_max_delay_ms`` later than its first slot; a share ``timing_explore``
+    #: at an hour drawn from the message id (docs/analysts.md, "Timing")
+    timing_enabled: bool = False
+    timing_p1_max_delay_ms: int = DEFAULT_P1_MAX_DELAY_MS
+    timing_explore: float = DEFAULT_EXPLORE
 
     def to_toml(self) -> str:
         """The canonical text of this policy: what `gov policy show` prints and diffs."""
@@ -123,6 +133,14 @@ class Policy:
         if self.release_per_minute is not None:
             out.append("[release]")
             out.append(f"per_minute = {self.release_per_minute}")
+            out.append("")
+        if (self.timing_enabled, self.timing_p1_max_delay_ms, self.timing_explore) != (
+            False, DEFAULT_P1_MAX_DELAY_MS, DEFAULT_EXPLORE
+        ):
+            out.append("[timing]")
+            out.append(f"enabled = {'true' if self.timing_enabled else 'false'}")
+            out.append(f'p1_max_delay = "{format_duration(self.timing_p1_max_delay_ms)}"')
+            out.append(f"explore = {self.timing_explore!r}")
             out.append("")
         out.append("[segments]")
         out.append(f'engaged_within = "{format_duration(self.segment_engaged_ms)}"')
@@ -275,11 +293,13 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     def refuse(section: str | None, key: str | None, reason: str) -> _Refusal:
         return _Refusal(where.line(section, key), reason)
 
-    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours", "segments", "release"}
+    unknown = set(data) - {"tiers", "topics", "global", "quiet_hours", "segments", "release", "timing"}
     if unknown:
         key = sorted(unknown)[0]
         raise refuse(
-            key, None, f"unknown section {key!r} (expected tiers, topics, global, quiet_hours, segments, release)"
+            key,
+            None,
+            f"unknown section {key!r} (expected tiers, topics, global, quiet_hours, segments, release, timing)",
         )
     raw_tiers = data.get("tiers")
     if not isinstance(raw_tiers, dict) or not raw_tiers:
@@ -443,6 +463,20 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     ):
         raise refuse("release", "per_minute", "[release] per_minute must be a whole number of releases, at least 1")
 
+    raw_timing = data.get("timing", {})
+    if not isinstance(raw_timing, dict) or set(raw_timing) - _TIMING_KEYS:
+        raise refuse("timing", None, "[timing] takes enabled, p1_max_delay and explore")
+    timing_enabled = raw_timing.get("enabled", False)
+    if not isinstance(timing_enabled, bool):
+        raise refuse("timing", "enabled", "[timing] enabled must be true or false")
+    try:
+        p1_max_delay_ms = parse_duration(raw_timing.get("p1_max_delay", "1h"), "timing p1_max_delay")
+    except ValueError as exc:
+        raise refuse("timing", "p1_max_delay", str(exc)) from None
+    explore = raw_timing.get("explore", DEFAULT_EXPLORE)
+    if isinstance(explore, bool) or not isinstance(explore, int | float) or not 0 <= explore <= 1:
+        raise refuse("timing", "explore", "[timing] explore must be a share between 0 and 1 (0.05: 5 %)")
+
     raw_rules = data.get("segments", {})
     if not isinstance(raw_rules, dict) or set(raw_rules) - _SEGMENT_RULE_KEYS:
         raise refuse("segments", None, "[segments] takes engaged_within and dormant_after")
@@ -464,7 +498,8 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
         raise refuse("tiers.P0", None, "tier P0 (transactional) must be exempt = true: it is never capped, "
                                        "deferred or quieted")
     return Policy(
-        tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute
+        tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute,
+        timing_enabled, p1_max_delay_ms, float(explore),
     )
 
 
@@ -515,8 +550,11 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
         for name, exempt, verb, defer_max, ttl, urgency in tiers_rows
     }
     settings = conn.execute(q("policy_settings")).fetchone()
-    quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute = (
-        settings if settings else (None, None, 0, DEFAULT_ENGAGED_MS, DEFAULT_DORMANT_MS, None)
+    quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute, timing, p1_delay, explore = (
+        settings
+        if settings
+        else (None, None, 0, DEFAULT_ENGAGED_MS, DEFAULT_DORMANT_MS, None, False, DEFAULT_P1_MAX_DELAY_MS,
+              DEFAULT_EXPLORE)
     )
     return Policy(
         tiers,
@@ -528,6 +566,9 @@ def load_stored(conn: psycopg.Connection[Any]) -> Policy:
         engaged_ms,
         dormant_ms,
         per_minute,
+        timing,
+        p1_delay,
+        explore,
     )
 
 
@@ -632,6 +673,9 @@ def apply(
             "segment_engaged_ms": policy.segment_engaged_ms,
             "segment_dormant_ms": policy.segment_dormant_ms,
             "release_per_minute": policy.release_per_minute,
+            "timing_enabled": policy.timing_enabled,
+            "timing_p1_max_delay_ms": policy.timing_p1_max_delay_ms,
+            "timing_explore": policy.timing_explore,
         },
     )
     conn.execute(q("record_policy_version"), {"source": source})

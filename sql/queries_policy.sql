@@ -21,7 +21,9 @@ SELECT scope, topic, window_ms, cap FROM gov.caps ORDER BY scope, topic, window_
 SELECT tier, segment, window_ms, cap FROM gov.segment_caps ORDER BY tier, segment, window_ms;
 
 -- name: policy_settings
-SELECT quiet_start, quiet_end, jitter_ms, segment_engaged_ms, segment_dormant_ms, release_per_minute FROM gov.settings;
+SELECT quiet_start, quiet_end, jitter_ms, segment_engaged_ms, segment_dormant_ms, release_per_minute,
+       timing_enabled, timing_p1_max_delay_ms, timing_explore
+  FROM gov.settings;
 
 -- name: clear_segment_caps
 DELETE FROM gov.segment_caps;
@@ -52,13 +54,15 @@ VALUES (%(tier)s, %(segment)s, %(window_ms)s, %(cap)s);
 
 -- name: upsert_settings
 INSERT INTO gov.settings (id, quiet_start, quiet_end, jitter_ms, segment_engaged_ms, segment_dormant_ms,
-                          release_per_minute)
+                          release_per_minute, timing_enabled, timing_p1_max_delay_ms, timing_explore)
 VALUES (true, %(quiet_start)s, %(quiet_end)s, %(jitter_ms)s, %(segment_engaged_ms)s, %(segment_dormant_ms)s,
-        %(release_per_minute)s)
+        %(release_per_minute)s, %(timing_enabled)s, %(timing_p1_max_delay_ms)s, %(timing_explore)s)
 ON CONFLICT (id) DO UPDATE
    SET quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end,
        jitter_ms = excluded.jitter_ms, segment_engaged_ms = excluded.segment_engaged_ms,
-       segment_dormant_ms = excluded.segment_dormant_ms, release_per_minute = excluded.release_per_minute;
+       segment_dormant_ms = excluded.segment_dormant_ms, release_per_minute = excluded.release_per_minute,
+       timing_enabled = excluded.timing_enabled, timing_p1_max_delay_ms = excluded.timing_p1_max_delay_ms,
+       timing_explore = excluded.timing_explore;
 
 -- name: record_policy_version
 INSERT INTO gov.policy_versions (source) VALUES (%(source)s);

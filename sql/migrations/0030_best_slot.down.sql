@@ -1,6 +1,5 @@
--- Undo migration 0030: gov.release_due_v2 as migration 0028 made it, gov.distribute_v1
--- as before (without gov.release_minutes); the table and the settings column are dropped
--- by the revision itself.
+-- Undo migration 0030: gov.release_due_v2 as migration 0028 made it, gov.hold and
+-- gov.distribute_v1 as before; the tables and columns are dropped by the revision itself.
 
 CREATE OR REPLACE FUNCTION gov.release_due_v2(p_shard_key text, p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
@@ -56,9 +55,114 @@ BEGIN
 END;
 $$;
 
+-- Put a suppressed message in the queue (or refuse to, with the reason), from the
+-- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
+-- when held, ('drop', reason, NULL) when it cannot be held.
+--
+-- What holds it: a tier whose verb is collapse collapses whatever blocked it (quiet
+-- hours too), a message without a collapse key joining its user's keyless group of
+-- that tier (key ''); quiet hours hold any other tier's message; else the tier's verb.
+-- A collapse group (user, key) is kept alive by its newest member: the newcomer
+-- becomes the group's one waiting row (its carrier, standing for every member), the
+-- old carrier and all it stood for are collapsed into it at once, and the group waits
+-- for the slot the newcomer's decision names. A newcomer whose own deadline passes
+-- before that slot expires alone; the group keeps its carrier.
+CREATE OR REPLACE FUNCTION gov.hold(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_action       text,
+    p_reason       text,
+    p_retry_ms     bigint,
+    p_expires_at   timestamptz,
+    p_now          timestamptz,
+    OUT o_action   text,
+    OUT o_reason   text,
+    OUT o_release  timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind    text;
+    v_key     text := p_collapse_key;
+    v_tier    gov.tiers%ROWTYPE;
+    v_planned timestamptz;
+    v_give_up timestamptz;
+    v_carrier gov.deferred%ROWTYPE;
+BEGIN
+    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
+        o_action := 'drop';  -- the verb drops, or no slot ever frees (a cap of 0)
+        o_reason := p_reason;
+        RETURN;
+    END IF;
+    IF v_tier.on_exceed = 'collapse' THEN
+        v_kind := 'collapse';
+        v_key := coalesce(p_collapse_key, '');
+    ELSIF p_reason = 'quiet_hours' THEN
+        v_kind := 'quiet';
+    ELSE
+        v_kind := 'defer';
+    END IF;
+
+    -- The earliest moment that clears the blocking window and the user's quiet hours.
+    v_planned := gov.quiet_until(p_user_id, p_now + p_retry_ms * interval '1 millisecond');
+    IF v_kind = 'defer' THEN
+        -- the policy stores defer_max for every defer tier; the code holds no caps of its own
+        v_give_up := p_now + v_tier.defer_max_ms * interval '1 millisecond';
+        IF v_planned > v_give_up THEN
+            o_action := 'drop';
+            o_reason := 'defer_expired';
+        END IF;
+    END IF;
+    IF o_reason IS NULL AND v_planned >= p_expires_at THEN
+        o_action := 'drop';  -- it would be dead on arrival
+        o_reason := 'ttl_expired';
+    END IF;
+    IF o_reason IS NOT NULL THEN
+        INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                                  planned_at, release_at, give_up_at, state, outcome, finished_at)
+        VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+                v_planned, v_planned, v_give_up, 'expired', o_reason, p_now);
+        RETURN;
+    END IF;
+
+    o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
+    o_reason := p_reason;
+    -- jitter from the group (not the member), so a group's release time is stable
+    o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
+                                                                THEN '#collapse:' || v_key ELSE p_message_id END);
+    IF v_kind = 'collapse' THEN
+        SELECT * INTO v_carrier FROM gov.deferred d
+         WHERE d.user_id = p_user_id AND d.collapse_key = v_key AND d.kind = 'collapse' AND d.state = 'waiting'
+           FOR UPDATE;
+        IF FOUND THEN
+            -- the newcomer carries the group: the old carrier and everything it stood for
+            -- are collapsed into the newcomer now (first, so one carrier waits at a time)
+            UPDATE gov.deferred d SET collapsed_into = p_message_id
+             WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = v_carrier.message_id;
+            UPDATE gov.deferred d
+               SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+             WHERE d.user_id = p_user_id AND d.id = v_carrier.id;
+        END IF;
+    END IF;
+    INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                              planned_at, release_at, give_up_at, stands_for)
+    VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1);
+END;
+$$;
+
+DROP FUNCTION gov.best_slot(text, text, text, timestamptz, timestamptz, timestamptz);
+DROP FUNCTION gov.refresh_timing_curves_v1(interval, timestamptz);
 DROP FUNCTION gov.take_release_slot(text, text, integer, timestamptz);
 DROP FUNCTION gov.release_minute_cap();
 
+-- Distribute the schema on a Citus cluster (called by `gov db upgrade` after the
+-- migrations; it changes only what is not distributed yet, so it runs after every
+-- upgrade). Returns what it did, one line per table or function. Does nothing on a
+-- server without Citus.
 CREATE OR REPLACE FUNCTION gov.distribute_v1() RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -1,9 +1,13 @@
--- Migration 0030: the release capacity (issue 30, item 2): the policy's [release]
--- per_minute (gov.settings.release_per_minute, added by the revision itself), counted per
--- shard and minute in gov.release_minutes (created by the revision, distributed with the
--- users by gov.distribute_v1), taken by gov.release_due_v2 through gov.release_minute_cap
--- and gov.take_release_slot; as in sql/schema/ at this revision.
+-- Migration 0030 (issue 30, item 2): the release capacity and the timing in the hold, as
+-- in sql/schema/ at this revision. The revision itself adds the columns (gov.settings:
+-- release_per_minute, timing_*; gov.deferred.timing) and the tables gov.release_minutes and
+-- gov.timing_curves, each DDL statement on its own (see 0030_best_slot.py).
 
+-- How many releases one shard's releasers may make in one minute: the policy's
+-- [release] per_minute (gov.settings.release_per_minute; NULL: no limit). On a Citus
+-- cluster each shard is counted on its own node (one counter row per shard and minute,
+-- so no release waits for another node): each shard gets per_minute divided by the
+-- number of shards, at least 1.
 CREATE FUNCTION gov.release_minute_cap() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -20,6 +24,11 @@ BEGIN
 END;
 $$;
 
+-- Take one release of the minute of p_now from p_minutes (the shard's gov.release_minutes;
+-- p_key: its shard key, '' on one server), if fewer than p_cap were taken: true when
+-- taken. Exact under concurrent releasers: the minute's row is locked by the first that
+-- counts in it, and a second re-reads the count its commit left before adding to it. A new
+-- minute clears the shard's minutes of more than an hour ago (only the current one is read).
 CREATE FUNCTION gov.take_release_slot(p_minutes text, p_key text, p_cap integer, p_now timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -43,6 +52,34 @@ BEGIN
 END;
 $$;
 
+-- Release what is due in one shard: take up to p_limit waiting rows whose time has come
+-- (SKIP LOCKED, so concurrent releasers never take one message twice) and decide each
+-- again now through the same decision (gov.release_one). Returns one row per row taken.
+-- p_shard_key: the shard to release from (NULL on one server; 70_scale_out.sql).
+--
+-- Locks: a releaser holds the rows it took and takes each user's decision lock with a
+-- try (pg_try_advisory_xact_lock), never a wait. A sender holds the user's lock and may
+-- then wait for a row a releaser holds (a newcomer to a collapse group), so a releaser
+-- that waited for a user lock could close a cycle; one that never waits cannot. A row
+-- whose user is busy is returned as 'busy' and left due for the next round.
+--
+-- Order: a due row's user's contenders are decided together, earliest deadline first
+-- (gov.release_contenders), so the slot goes to the message that needs it soonest.
+--
+-- Capacity ([release] per_minute, gov.release_minute_cap): each release that goes out
+-- takes one of the minute's releases (gov.take_release_slot) before it is decided, and
+-- gives it back when the decision holds it again or ends it. Once the minute is full the
+-- scan stops: what is still due stays due, in its release order, for the next minute. A
+-- contender of a user being decided that finds the minute full waits for the next
+-- minute, at a moment within it derived from its user (deterministic jitter), its
+-- planned_at (the slot it waits for) unchanged, so it still contends first for its user.
+-- Releases made by a send (gov.release_owed, a slot owed to a nearer deadline) ride with
+-- that send: neither counted nor held back. No limit set: nothing is counted.
+--
+-- Failure stays with its row: each row is handled in its own subtransaction (gov.release_row); an error
+-- (a tier the policy no longer defines, content that no longer fits, anything raised)
+-- rolls back that row's work only, and the row ends 'failed' with the error text, with
+-- the messages a collapse carrier stood for. The rest of the batch goes on.
 CREATE OR REPLACE FUNCTION gov.release_due_v2(p_shard_key text, p_limit integer, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (user_id text, message_id text, state text, outcome text, outbox_ids bigint[])
 LANGUAGE plpgsql AS $$
@@ -124,6 +161,219 @@ BEGIN
 END;
 $$;
 
+-- Copy the population's and each segment's curve (gov.hour_curves_v1: the click rate by
+-- local hour of day, shrunk) into gov.timing_curves, the prior gov.best_slot reads at every
+-- hold. Run it about once a day (cron: psql -c 'SELECT gov.refresh_timing_curves_v1()'):
+-- the curves move slowly, and a hold must not scan every user's events. Returns the
+-- rows written (24 per curve; none while nobody displayed anything in the window).
+CREATE FUNCTION gov.refresh_timing_curves_v1(p_since interval DEFAULT '56 days', p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    v_rows integer;
+BEGIN
+    DELETE FROM gov.timing_curves;
+    INSERT INTO gov.timing_curves (segment, hour, estimate, refreshed_at)
+    SELECT coalesce(c.segment, ''), c.hour, c.estimate, v_now
+      FROM gov.hour_curves_v1(p_since, v_now) c
+     WHERE c.estimate IS NOT NULL;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END;
+$$;
+
+-- The slot a held message is planned for (docs/analysts.md, "Timing"). p_first: the first
+-- moment that passes every cap and quiet hours (a window freed then stays free until
+-- another send takes it, and the release decides again in any case). [timing] off, or no
+-- curve yet: p_first itself (o_timing NULL). On: the candidates are p_first and every
+-- whole local hour after it that is not quiet, up to the deadline (p_deadline less the
+-- jitter and a minute, so the jittered release still comes before it; for P1 also at most
+-- the policy's timing_p1_max_delay past p_first); the slot is the candidate whose local
+-- hour has the highest estimate of the user (their own displays and clicks of 56 days,
+-- shrunk toward their segment's curve, else all users', gov.timing_curves, as
+-- gov.best_hours_v1 does), the earliest on a tie (o_timing 'best'). A share
+-- timing_explore of the messages, drawn from p_seed (the message id: a retry draws the
+-- same), goes at a candidate drawn from it instead (o_timing 'explore'), so the estimate
+-- sees hours the timing would not choose.
+CREATE FUNCTION gov.best_slot(
+    p_user_id  text,
+    p_tier     text,
+    p_seed     text,
+    p_first    timestamptz,
+    p_deadline timestamptz,
+    p_now      timestamptz,
+    OUT o_slot   timestamptz,
+    OUT o_timing text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_set     record;
+    v_zone    text;
+    v_segment text;
+    v_last    timestamptz;
+    v_slots   timestamptz[];
+    v_draw    bigint;
+BEGIN
+    o_slot := p_first;
+    EXECUTE format('SELECT s.timing_enabled, s.timing_p1_max_delay_ms, s.timing_explore, s.jitter_ms FROM %s s',
+                   gov.shard_relation('gov.settings', NULL)) INTO v_set;
+    IF v_set.timing_enabled IS NOT TRUE OR p_tier = 'P0' THEN
+        RETURN;
+    END IF;
+    v_last := p_deadline - (v_set.jitter_ms + 60000) * interval '1 millisecond';
+    IF p_tier = 'P1' THEN
+        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');
+    END IF;
+    IF v_last <= p_first THEN
+        RETURN;
+    END IF;
+    SELECT u.time_zone, u.segment INTO v_zone, v_segment FROM gov.users u WHERE u.user_id = p_user_id;
+    v_zone := coalesce(v_zone, 'UTC');
+    -- the candidates, in time order: p_first, then each local hour's start, not quiet
+    v_slots := ARRAY(
+        SELECT c.t FROM (
+            SELECT p_first AS t
+            UNION
+            SELECT ((date_trunc('hour', p_first AT TIME ZONE v_zone) + k * interval '1 hour') AT TIME ZONE v_zone)
+              FROM generate_series(1, (extract(epoch FROM v_last - p_first) / 3600)::integer + 2) k
+        ) c
+         WHERE c.t >= p_first AND c.t <= v_last AND gov.quiet_until(p_user_id, c.t) = c.t
+         ORDER BY c.t);
+    IF cardinality(v_slots) <= 1 THEN
+        RETURN;
+    END IF;
+    v_draw := abs(hashtextextended(p_seed, 30));
+    IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN
+        o_slot := v_slots[1 + (v_draw / 1000000) % cardinality(v_slots)];
+        o_timing := 'explore';
+        RETURN;
+    END IF;
+    SELECT s.t INTO o_slot
+      FROM unnest(v_slots) s(t)
+      JOIN (SELECT p.hour,
+                   (coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20) AS est
+              FROM gov.timing_curves p
+              LEFT JOIN gov.timing_curves g ON g.segment = v_segment AND g.hour = p.hour
+              LEFT JOIN gov.display_hours('56 days', p_now, p_user_id) o ON o.hour = p.hour
+             WHERE p.segment = '') e ON e.hour = date_part('hour', s.t AT TIME ZONE v_zone)
+     ORDER BY e.est DESC, s.t
+     LIMIT 1;
+    IF o_slot IS NULL THEN  -- no curve yet: the first slot
+        o_slot := p_first;
+        RETURN;
+    END IF;
+    o_timing := 'best';
+END;
+$$;
+
+-- Put a suppressed message in the queue (or refuse to, with the reason), from the
+-- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
+-- when held, ('drop', reason, NULL) when it cannot be held.
+--
+-- What holds it: a tier whose verb is collapse collapses whatever blocked it (quiet
+-- hours too), a message without a collapse key joining its user's keyless group of
+-- that tier (key ''); quiet hours hold any other tier's message; else the tier's verb.
+-- A collapse group (user, key) is kept alive by its newest member: the newcomer
+-- becomes the group's one waiting row (its carrier, standing for every member), the
+-- old carrier and all it stood for are collapsed into it at once, and the group waits
+-- for the slot the newcomer's decision names. A newcomer whose own deadline passes
+-- before that slot expires alone; the group keeps its carrier.
+CREATE OR REPLACE FUNCTION gov.hold(
+    p_user_id      text,
+    p_message_id   text,
+    p_tier         text,
+    p_collapse_key text,
+    p_action       text,
+    p_reason       text,
+    p_retry_ms     bigint,
+    p_expires_at   timestamptz,
+    p_now          timestamptz,
+    OUT o_action   text,
+    OUT o_reason   text,
+    OUT o_release  timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind    text;
+    v_key     text := p_collapse_key;
+    v_tier    gov.tiers%ROWTYPE;
+    v_planned timestamptz;
+    v_give_up timestamptz;
+    v_carrier gov.deferred%ROWTYPE;
+    v_timing  text;
+BEGIN
+    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
+        o_action := 'drop';  -- the verb drops, or no slot ever frees (a cap of 0)
+        o_reason := p_reason;
+        RETURN;
+    END IF;
+    IF v_tier.on_exceed = 'collapse' THEN
+        v_kind := 'collapse';
+        v_key := coalesce(p_collapse_key, '');
+    ELSIF p_reason = 'quiet_hours' THEN
+        v_kind := 'quiet';
+    ELSE
+        v_kind := 'defer';
+    END IF;
+
+    -- The earliest moment that clears the blocking window and the user's quiet hours.
+    v_planned := gov.quiet_until(p_user_id, p_now + p_retry_ms * interval '1 millisecond');
+    IF v_kind = 'defer' THEN
+        -- the policy stores defer_max for every defer tier; the code holds no caps of its own
+        v_give_up := p_now + v_tier.defer_max_ms * interval '1 millisecond';
+        IF v_planned > v_give_up THEN
+            o_action := 'drop';
+            o_reason := 'defer_expired';
+        END IF;
+    END IF;
+    IF o_reason IS NULL AND v_planned >= p_expires_at THEN
+        o_action := 'drop';  -- it would be dead on arrival
+        o_reason := 'ttl_expired';
+    END IF;
+    IF o_reason IS NOT NULL THEN
+        INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                                  planned_at, release_at, give_up_at, state, outcome, finished_at)
+        VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+                v_planned, v_planned, v_give_up, 'expired', o_reason, p_now);
+        RETURN;
+    END IF;
+
+    o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
+    o_reason := p_reason;
+    -- [timing]: the best slot of the user's estimate within the deadline, not the first
+    SELECT b.o_slot, b.o_timing INTO v_planned, v_timing
+      FROM gov.best_slot(p_user_id, p_tier, p_message_id, v_planned, least(p_expires_at, v_give_up), p_now) b;
+    -- jitter from the group (not the member), so a group's release time is stable
+    o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
+                                                                THEN '#collapse:' || v_key ELSE p_message_id END);
+    IF v_kind = 'collapse' THEN
+        SELECT * INTO v_carrier FROM gov.deferred d
+         WHERE d.user_id = p_user_id AND d.collapse_key = v_key AND d.kind = 'collapse' AND d.state = 'waiting'
+           FOR UPDATE;
+        IF FOUND THEN
+            -- the newcomer carries the group: the old carrier and everything it stood for
+            -- are collapsed into the newcomer now (first, so one carrier waits at a time)
+            UPDATE gov.deferred d SET collapsed_into = p_message_id
+             WHERE d.user_id = p_user_id AND d.state = 'collapsed' AND d.outcome = 'collapsed'
+               AND d.collapsed_into = v_carrier.message_id;
+            UPDATE gov.deferred d
+               SET state = 'collapsed', outcome = 'collapsed', collapsed_into = p_message_id, finished_at = p_now
+             WHERE d.user_id = p_user_id AND d.id = v_carrier.id;
+        END IF;
+    END IF;
+    INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
+                              planned_at, release_at, give_up_at, stands_for, timing)
+    VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1, v_timing);
+END;
+$$;
+
+-- Distribute the schema on a Citus cluster (called by `gov db upgrade` after the
+-- migrations; it changes only what is not distributed yet, so it runs after every
+-- upgrade). Returns what it did, one line per table or function. Does nothing on a
+-- server without Citus.
 CREATE OR REPLACE FUNCTION gov.distribute_v1() RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -139,7 +389,8 @@ BEGIN
     -- user-cap ceiling); Citus runs them on the shards
     SET LOCAL citus.enable_unsafe_triggers = on;
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
-                                  'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions'] LOOP
+                                  'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions',
+                                  'gov.timing_curves'] LOOP
         -- (a table with a foreign key to one made a reference table first is already a
         -- Citus table, a "local" one on the coordinator alone: it becomes a reference table too)
         IF NOT EXISTS (SELECT 1 FROM citus_tables t

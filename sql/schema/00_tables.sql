@@ -74,7 +74,16 @@ CREATE TABLE gov.settings (
     -- the policy's [release] per_minute: at most this many releases a minute (NULL: no
     -- limit; gov.release_due_v2)
     release_per_minute integer,
-    CONSTRAINT settings_release_per_minute_positive CHECK (release_per_minute IS NULL OR release_per_minute > 0)
+    CONSTRAINT settings_release_per_minute_positive CHECK (release_per_minute IS NULL OR release_per_minute > 0),
+    -- the policy's [timing] (gov.best_slot): a held message goes at the best hour of its
+    -- user's estimate within its deadline (off: at the first slot, the seeds' behaviour);
+    -- P1 waits at most timing_p1_max_delay_ms past its first slot; a share timing_explore
+    -- of the timed messages goes at an hour drawn from the message id instead
+    timing_enabled boolean NOT NULL DEFAULT false,
+    timing_p1_max_delay_ms bigint NOT NULL DEFAULT 3600000,
+    timing_explore double precision NOT NULL DEFAULT 0.05,
+    CONSTRAINT settings_timing_p1_max_delay_not_negative CHECK (timing_p1_max_delay_ms >= 0),
+    CONSTRAINT settings_timing_explore_share CHECK (timing_explore >= 0 AND timing_explore <= 1)
 );
 
 -- A tier's windows for the users of one segment (`[tiers.P2.segments.dormant]`). For a
@@ -244,6 +253,10 @@ CREATE TABLE gov.deferred (
     finished_at   timestamptz,
     stands_for    integer     NOT NULL DEFAULT 1,
     error         text,
+    -- how planned_at was chosen when [timing] is on: 'best' (the best hour of the user's
+    -- estimate), 'explore' (an hour drawn from the message id, so the estimate can tell
+    -- what it learned from its own choices); NULL: the first slot
+    timing        text,
     CONSTRAINT deferred_pkey PRIMARY KEY (user_id, id),
     CONSTRAINT deferred_kind_known CHECK (kind IN ('defer', 'quiet', 'collapse')),
     CONSTRAINT deferred_state_known
@@ -254,7 +267,8 @@ CREATE TABLE gov.deferred (
     -- a carrier stands for itself and every message collapsed into it
     CONSTRAINT deferred_stands_for_positive CHECK (stands_for >= 1),
     -- a failed row says why (an operator reads it; gov check alarms on it)
-    CONSTRAINT deferred_failed_says_why CHECK ((state = 'failed') = (error IS NOT NULL))
+    CONSTRAINT deferred_failed_says_why CHECK ((state = 'failed') = (error IS NOT NULL)),
+    CONSTRAINT deferred_timing_known CHECK (timing IN ('best', 'explore'))
 );
 -- the releaser scans only what still waits, in release order
 CREATE INDEX deferred_due ON gov.deferred (release_at) WHERE state = 'waiting';
@@ -265,6 +279,19 @@ CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE s
 -- (older members are collapsed into it as soon as it arrives)
 CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
     WHERE state = 'waiting' AND kind = 'collapse';
+
+-- The population's and each segment's click rate by local hour (segment '' = all users),
+-- as gov.hour_curves_v1 estimated it when gov.refresh_timing_curves_v1 last ran: the prior
+-- of the timing (gov.best_slot), read at every hold, so a hold never scans every user's
+-- events. A global table (a reference table on Citus).
+CREATE TABLE gov.timing_curves (
+    segment      text             NOT NULL,
+    hour         integer          NOT NULL,
+    estimate     double precision NOT NULL,
+    refreshed_at timestamptz      NOT NULL,
+    CONSTRAINT timing_curves_pkey PRIMARY KEY (segment, hour),
+    CONSTRAINT timing_curves_hour_of_day CHECK (hour BETWEEN 0 AND 23)
+);
 
 -- The releases of each minute, counted against [release] per_minute (gov.take_release_slot).
 -- user_id is the shard's key ('' on one server; a shard key of gov.shard_keys_v1 on a

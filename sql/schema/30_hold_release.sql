@@ -21,6 +21,112 @@ BEGIN
 END;
 $$;
 
+-- Copy the population's and each segment's curve (gov.hour_curves_v1: the click rate by
+-- local hour of day, shrunk) into gov.timing_curves, the prior gov.best_slot reads at every
+-- hold. Run it about once a day (cron: psql -c 'SELECT gov.refresh_timing_curves_v1()'):
+-- the curves move slowly, and a hold must not scan every user's events. Returns the
+-- rows written (24 per curve; none while nobody displayed anything in the window).
+CREATE FUNCTION gov.refresh_timing_curves_v1(p_since interval DEFAULT '56 days', p_now timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := coalesce(p_now, clock_timestamp());
+    v_rows integer;
+BEGIN
+    DELETE FROM gov.timing_curves;
+    INSERT INTO gov.timing_curves (segment, hour, estimate, refreshed_at)
+    SELECT coalesce(c.segment, ''), c.hour, c.estimate, v_now
+      FROM gov.hour_curves_v1(p_since, v_now) c
+     WHERE c.estimate IS NOT NULL;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END;
+$$;
+
+-- The slot a held message is planned for (docs/analysts.md, "Timing"). p_first: the first
+-- moment that passes every cap and quiet hours (a window freed then stays free until
+-- another send takes it, and the release decides again in any case). [timing] off, or no
+-- curve yet: p_first itself (o_timing NULL). On: the candidates are p_first and every
+-- whole local hour after it that is not quiet, up to the deadline (p_deadline less the
+-- jitter and a minute, so the jittered release still comes before it; for P1 also at most
+-- the policy's timing_p1_max_delay past p_first); the slot is the candidate whose local
+-- hour has the highest estimate of the user (their own displays and clicks of 56 days,
+-- shrunk toward their segment's curve, else all users', gov.timing_curves, as
+-- gov.best_hours_v1 does), the earliest on a tie (o_timing 'best'). A share
+-- timing_explore of the messages, drawn from p_seed (the message id: a retry draws the
+-- same), goes at a candidate drawn from it instead (o_timing 'explore'), so the estimate
+-- sees hours the timing would not choose.
+CREATE FUNCTION gov.best_slot(
+    p_user_id  text,
+    p_tier     text,
+    p_seed     text,
+    p_first    timestamptz,
+    p_deadline timestamptz,
+    p_now      timestamptz,
+    OUT o_slot   timestamptz,
+    OUT o_timing text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_set     record;
+    v_zone    text;
+    v_segment text;
+    v_last    timestamptz;
+    v_slots   timestamptz[];
+    v_draw    bigint;
+BEGIN
+    o_slot := p_first;
+    EXECUTE format('SELECT s.timing_enabled, s.timing_p1_max_delay_ms, s.timing_explore, s.jitter_ms FROM %s s',
+                   gov.shard_relation('gov.settings', NULL)) INTO v_set;
+    IF v_set.timing_enabled IS NOT TRUE OR p_tier = 'P0' THEN
+        RETURN;
+    END IF;
+    v_last := p_deadline - (v_set.jitter_ms + 60000) * interval '1 millisecond';
+    IF p_tier = 'P1' THEN
+        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');
+    END IF;
+    IF v_last <= p_first THEN
+        RETURN;
+    END IF;
+    SELECT u.time_zone, u.segment INTO v_zone, v_segment FROM gov.users u WHERE u.user_id = p_user_id;
+    v_zone := coalesce(v_zone, 'UTC');
+    -- the candidates, in time order: p_first, then each local hour's start, not quiet
+    v_slots := ARRAY(
+        SELECT c.t FROM (
+            SELECT p_first AS t
+            UNION
+            SELECT ((date_trunc('hour', p_first AT TIME ZONE v_zone) + k * interval '1 hour') AT TIME ZONE v_zone)
+              FROM generate_series(1, (extract(epoch FROM v_last - p_first) / 3600)::integer + 2) k
+        ) c
+         WHERE c.t >= p_first AND c.t <= v_last AND gov.quiet_until(p_user_id, c.t) = c.t
+         ORDER BY c.t);
+    IF cardinality(v_slots) <= 1 THEN
+        RETURN;
+    END IF;
+    v_draw := abs(hashtextextended(p_seed, 30));
+    IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN
+        o_slot := v_slots[1 + (v_draw / 1000000) % cardinality(v_slots)];
+        o_timing := 'explore';
+        RETURN;
+    END IF;
+    SELECT s.t INTO o_slot
+      FROM unnest(v_slots) s(t)
+      JOIN (SELECT p.hour,
+                   (coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20) AS est
+              FROM gov.timing_curves p
+              LEFT JOIN gov.timing_curves g ON g.segment = v_segment AND g.hour = p.hour
+              LEFT JOIN gov.display_hours('56 days', p_now, p_user_id) o ON o.hour = p.hour
+             WHERE p.segment = '') e ON e.hour = date_part('hour', s.t AT TIME ZONE v_zone)
+     ORDER BY e.est DESC, s.t
+     LIMIT 1;
+    IF o_slot IS NULL THEN  -- no curve yet: the first slot
+        o_slot := p_first;
+        RETURN;
+    END IF;
+    o_timing := 'best';
+END;
+$$;
+
 -- Put a suppressed message in the queue (or refuse to, with the reason), from the
 -- verdict just given. Returns the outcome: ('defer'|'collapse', reason, release_at)
 -- when held, ('drop', reason, NULL) when it cannot be held.
@@ -55,6 +161,7 @@ DECLARE
     v_planned timestamptz;
     v_give_up timestamptz;
     v_carrier gov.deferred%ROWTYPE;
+    v_timing  text;
 BEGIN
     SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
     IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
@@ -95,6 +202,9 @@ BEGIN
 
     o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
     o_reason := p_reason;
+    -- [timing]: the best slot of the user's estimate within the deadline, not the first
+    SELECT b.o_slot, b.o_timing INTO v_planned, v_timing
+      FROM gov.best_slot(p_user_id, p_tier, p_message_id, v_planned, least(p_expires_at, v_give_up), p_now) b;
     -- jitter from the group (not the member), so a group's release time is stable
     o_release := v_planned + gov.release_jitter(p_user_id, CASE WHEN v_kind = 'collapse'
                                                                 THEN '#collapse:' || v_key ELSE p_message_id END);
@@ -114,9 +224,9 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
-                              planned_at, release_at, give_up_at, stands_for)
+                              planned_at, release_at, give_up_at, stands_for, timing)
     VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
-            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1);
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1, v_timing);
 END;
 $$;
 

@@ -168,7 +168,8 @@ BEGIN
     -- user-cap ceiling); Citus runs them on the shards
     SET LOCAL citus.enable_unsafe_triggers = on;
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
-                                  'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions'] LOOP
+                                  'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions',
+                                  'gov.timing_curves'] LOOP
         -- (a table with a foreign key to one made a reference table first is already a
         -- Citus table, a "local" one on the coordinator alone: it becomes a reference table too)
         IF NOT EXISTS (SELECT 1 FROM citus_tables t

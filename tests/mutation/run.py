@@ -360,6 +360,54 @@ MUTANTS = [
             "tests/integration/test_release_capacity.py::test_a_user_cut_at_the_minute_waits_for_the_next_with_its_order_kept",
         ),
     ),
+    Mutant(
+        "bt4_timing_ignores_quiet_hours",
+        "the timing's candidate hours include quiet ones",
+        tuple(
+            (f, ' AND gov.quiet_until(p_user_id, c.t) = c.t',
+             '', 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        (
+            "tests/integration/test_timing.py::test_quiet_hours_are_never_chosen",
+        ),
+    ),
+    Mutant(
+        "bt5_timing_p1_unbounded",
+        "a P1 waits for its best hour up to its deadline, past p1_max_delay",
+        tuple(
+            (f, "        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');",
+             '        NULL;', 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        (
+            "tests/integration/test_timing.py::test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never",
+        ),
+    ),
+    Mutant(
+        "bt6_timing_ignores_the_users_own_data",
+        "the timing reads the segment's or all users' curve only, never the user's own clicks",
+        tuple(
+            (f, '(coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20)',
+             'coalesce(g.estimate, p.estimate)', 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        (
+            "tests/integration/test_timing.py::test_a_users_own_clicks_beat_the_population",
+        ),
+    ),
+    Mutant(
+        "bt7_timing_never_explores",
+        "no share of the timed messages explores",
+        tuple(
+            (f, 'IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN',
+             'IF false THEN', 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+        ),
+        (
+            "tests/integration/test_timing.py::test_an_explored_share_goes_at_a_drawn_hour_and_says_so",
+        ),
+    ),
 ]
 
 
