@@ -113,11 +113,12 @@ def test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never(
 
 
 def test_quiet_hours_are_never_chosen(gov: Governor, conn: psycopg.Connection[Any]) -> None:
-    """The population clicks at 23:00 only, inside quiet hours: the best allowed hour is the
-    earliest of the (equal) others, the first slot."""
+    """The population clicks at 23:00 only, inside quiet hours; with two days to live the
+    message could go at 23:00 tomorrow: the best allowed hour is the earliest of the
+    (equal) others, the first slot."""
     set_timing(conn)
     curves(conn, peak=23)
-    row = hold(gov, conn, "u", "m")
+    row = hold(gov, conn, "u", "m", ttl=48 * 3600)
     assert row["planned_at"] == MORNING
 
 
