@@ -51,6 +51,56 @@ LANGUAGE sql STABLE AS $$
        AND (c.shift = interval '0' OR (c.at AT TIME ZONE p_tz) = p_local)
 $$;
 
+-- ---------------------------------------------------------------- the policy, as the decision reads it
+
+-- The decision's reads of the policy tables, one small SQL function each, which
+-- PostgreSQL inlines into the statement that calls it. On one server they read the
+-- tables. On a Citus cluster the policy tables are reference tables, and a statement that
+-- names one is planned again by Citus on every call (its shard query deparsed, parsed and
+-- planned: docs/scale-out.md, "Where a delegated decision's time goes"); gov.distribute_v1
+-- binds these functions to the tables' local copies instead (every node holds a reference
+-- table's one shard, under the same name), which PostgreSQL plans once per session like any
+-- table. Reads only: a write to a copy would bypass Citus's replication. Where a node holds
+-- no copies, the functions read the Citus tables in PL/pgSQL (p_citus): Citus refuses a
+-- parameterised SQL function over its tables. One text, this function, for every binding.
+CREATE FUNCTION gov.bind_policy_reads(p_tiers text, p_caps text, p_rules text, p_citus boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $bind$
+DECLARE
+    v_def text;
+    v_fn  record;
+BEGIN
+    FOR v_fn IN
+        SELECT * FROM (VALUES
+            -- a tier's row
+            ('gov.policy_tier(p_tier text)', 'SETOF gov.tiers',
+             format('SELECT * FROM %s t WHERE t.tier = p_tier', p_tiers)),
+            -- the caps of a scope (and topic)
+            ('gov.policy_caps(p_scope text, p_topic text)', 'SETOF gov.caps',
+             format('SELECT * FROM %s c WHERE c.scope = p_scope AND c.topic = p_topic', p_caps)),
+            -- the compiled rules of one (tier, topic, segment) group
+            ('gov.policy_rules(p_tier text, p_topic text, p_segment text)', 'SETOF gov.compiled_rules',
+             format('SELECT * FROM %s r WHERE r.tier = p_tier AND r.topic = p_topic AND r.segment = p_segment',
+                    p_rules)),
+            -- the budgets an allowed message of p_tier spends in (any segment's: a change of
+            -- segment finds the history it needs); p_topic_key is the rules' topic ('', '*', the topic)
+            ('gov.policy_spend(p_tier text, p_topic_key text, p_topic text)', 'SETOF text',
+             format('SELECT DISTINCT CASE WHEN r.scope = ''topic'' THEN ''topic:'' || p_topic ELSE r.budget END'
+                    ' FROM %s r WHERE r.tier = p_tier AND r.topic = p_topic_key', p_rules))
+        ) f(signature, result, query)
+    LOOP
+        IF p_citus THEN
+            v_def := format('LANGUAGE plpgsql STABLE AS %L', 'BEGIN RETURN QUERY ' || v_fn.query || '; END');
+        ELSE
+            v_def := format('LANGUAGE sql STABLE AS %L', v_fn.query);
+        END IF;
+        EXECUTE format('CREATE OR REPLACE FUNCTION %s RETURNS %s %s', v_fn.signature, v_fn.result, v_def);
+    END LOOP;
+END;
+$bind$;
+
+SELECT gov.bind_policy_reads('gov.tiers', 'gov.caps', 'gov.compiled_rules');
+
 -- ---------------------------------------------------------------- the decision
 
 -- The user's lock beyond this node, taken by the decision after its advisory lock. On one
@@ -125,7 +175,7 @@ BEGIN
     IF p_message_id IS NULL OR p_message_id = '' THEN
         RAISE EXCEPTION 'message id is required (user %)', p_user_id USING ERRCODE = 'GV001';
     END IF;
-    SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
+    SELECT * INTO v_tier FROM gov.policy_tier(p_tier) t;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown tier % for message % (the policy defines: %)', p_tier, p_message_id,
             (SELECT string_agg(t.tier, ', ' ORDER BY t.tier) FROM gov.tiers t)
@@ -151,25 +201,29 @@ BEGIN
         -- chooses the windows of each consumed tier when the policy has that segment's
         -- (its own group of compiled rules); any other segment, or none, reads group ''.
         SELECT u.segment, u.time_zone INTO v_segment, v_tz FROM gov.users u WHERE u.user_id = p_user_id;
+        -- (Each probe below runs only when its condition can hold, in an IF of its own: a
+        -- condition joined by AND to an EXISTS is one statement, which on a Citus cluster
+        -- is planned again on every call, topic or not, segment or not.)
         -- The topic's own caps when it has any, else those of "*" ('' without a topic).
         IF p_topic IS NOT NULL THEN
-            v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
-                            THEN p_topic ELSE '*' END;
+            v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.policy_caps('topic', p_topic)) THEN p_topic ELSE '*' END;
         END IF;
-        IF v_segment IS NOT NULL AND EXISTS (SELECT 1 FROM gov.compiled_rules r
-                                              WHERE r.tier = p_tier AND r.topic = v_topic
-                                                AND r.segment = v_segment) THEN
-            v_seg_key := v_segment;
+        IF v_segment IS NOT NULL THEN
+            IF EXISTS (SELECT 1 FROM gov.policy_rules(p_tier, v_topic, v_segment)) THEN
+                v_seg_key := v_segment;
+            END IF;
         END IF;
         -- A topic the user opted out of (the preference centre) is dropped, whatever
         -- the verb and the hour: holding it through the night would only drop it later.
-        IF p_topic IS NOT NULL AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
-                                            WHERE o.user_id = p_user_id AND o.topic = p_topic) THEN
-            v_rule := 'topic_opt_out';
-            v_scope := 'topic';
-            v_action := 'drop';
-            v_free_at := NULL;
-        ELSIF v_tz IS NOT NULL THEN
+        IF p_topic IS NOT NULL THEN
+            PERFORM 1 FROM gov.user_topic_optouts o WHERE o.user_id = p_user_id AND o.topic = p_topic;
+            IF FOUND THEN
+                v_rule := 'topic_opt_out';
+                v_scope := 'topic';
+                v_action := 'drop';
+            END IF;
+        END IF;
+        IF v_rule IS NULL AND v_tz IS NOT NULL THEN
             -- Quiet hours first: whatever the tier's verb, a message that arrives inside
             -- them waits until they end. Only a user with a time zone has them; P0
             -- (exempt) is never quieted.
@@ -221,8 +275,7 @@ BEGIN
             ELSE
                 OPEN c_rules FOR
                     SELECT r.seq, r.budget, r.scope, r.windows, r.caps
-                      FROM gov.compiled_rules r
-                     WHERE r.tier = p_tier AND r.topic = v_topic AND r.segment = v_seg_key
+                      FROM gov.policy_rules(p_tier, v_topic, v_seg_key) r
                      ORDER BY r.seq;
             END IF;
             <<rules>>
@@ -299,12 +352,14 @@ BEGIN
 
         -- Every rule passed: spend one slot in each budget some cap reads (for a user of
         -- any segment, so a change of segment finds the history it needs).
-        -- (Gathered first: an insert that reads no policy table is one shard's on Citus.)
-        v_spend := ARRAY(SELECT DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END
-                           FROM gov.compiled_rules r
-                          WHERE r.tier = p_tier AND r.topic = v_topic);
-        INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
-        SELECT p_user_id, b, v_now, p_message_id FROM unnest(v_spend) b;
+        -- (Gathered first, then one row per insert: an insert that reads no policy table is
+        -- one shard's on Citus, and a single-row VALUES is a statement Citus caches, where
+        -- INSERT … SELECT FROM unnest() is planned and copied on every call.)
+        v_spend := ARRAY(SELECT b FROM gov.policy_spend(p_tier, v_topic, p_topic) b);
+        FOREACH v_budget IN ARRAY v_spend LOOP
+            INSERT INTO gov.sends (user_id, budget, sent_at, message_id)
+            VALUES (p_user_id, v_budget, v_now, p_message_id);
+        END LOOP;
     END IF;
 
     IF p_release THEN

@@ -160,6 +160,9 @@ DECLARE
     v_fn   regprocedure;
     v_arg  text;
     v_moved text[] := '{}';
+    v_refs   text[];
+    v_copies text[];
+    v_bound  text;
 BEGIN
     IF NOT gov.on_citus() THEN
         RETURN;
@@ -254,6 +257,38 @@ BEGIN
             $body$
         $fn$;
         RETURN NEXT 'gov.cluster_user_lock: the user''s row';
+    END IF;
+    -- The decision's policy reads, bound to the reference tables' local copies (see
+    -- gov.bind_policy_reads), once every node holds a copy of each (Citus copies them to a
+    -- node added later; replicate_reference_tables does it now). Bound again after every
+    -- upgrade: a reference table made again has a new shard.
+    v_refs := ARRAY['gov.tiers', 'gov.caps', 'gov.compiled_rules'];
+    IF EXISTS (SELECT 1 FROM unnest(v_refs) t JOIN pg_dist_shard s ON s.logicalrelid = t::regclass
+                CROSS JOIN pg_dist_node n
+               WHERE n.isactive AND n.noderole = 'primary'
+                 AND NOT EXISTS (SELECT 1 FROM pg_dist_placement pl
+                                  WHERE pl.shardid = s.shardid AND pl.groupid = n.groupid)) THEN
+        PERFORM replicate_reference_tables();
+    END IF;
+    SELECT array_agg(shard_name(s.logicalrelid, s.shardid) ORDER BY t.ord) INTO v_copies
+      FROM unnest(v_refs) WITH ORDINALITY t(name, ord)
+      JOIN pg_dist_shard s ON s.logicalrelid = t.name::regclass;
+    -- (a coordinator outside Citus's node list holds no copies: its reads stay Citus's)
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_copies) c WHERE to_regclass(c) IS NULL) THEN
+        v_bound := 'the local copies ' || array_to_string(v_copies, ', ');
+        IF (SELECT p.prosrc FROM pg_proc p WHERE p.oid = 'gov.policy_tier(text)'::regprocedure)
+           NOT LIKE '%' || v_copies[1] || ' %' THEN
+            PERFORM gov.bind_policy_reads(v_copies[1], v_copies[2], v_copies[3]);
+        ELSE
+            v_bound := NULL;
+        END IF;
+    ELSIF (SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+            WHERE p.oid = 'gov.policy_tier(text)'::regprocedure) = 'sql' THEN
+        v_bound := 'the reference tables, through Citus (no local copies here)';
+        PERFORM gov.bind_policy_reads('gov.tiers', 'gov.caps', 'gov.compiled_rules', p_citus => true);
+    END IF;
+    IF v_bound IS NOT NULL THEN
+        RETURN NEXT 'gov.policy_tier, policy_caps, policy_rules, policy_spend: ' || v_bound;
     END IF;
     -- every other function on every node too: a delegated function calls them there.
     -- (Citus creates a new function on every node by itself, but not one created before

@@ -316,6 +316,31 @@ MUTANTS = [
         ("tests/integration/test_best_hours.py::test_a_segment_with_its_own_hours_is_the_prior_of_its_users",),
     ),
     Mutant(
+        "ct1_policy_reads_through_citus",
+        "on a Citus cluster the decision's policy reads stay on the reference tables: Citus plans each of "
+        "them again on every call (four more statements per decision through its planner)",
+        tuple(
+            (f, "            PERFORM gov.bind_policy_reads(v_copies[1], v_copies[2], v_copies[3]);",
+             "            PERFORM gov.bind_policy_reads('gov.tiers', 'gov.caps', 'gov.compiled_rules', true);", 1)
+            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0034_cluster_statements.sql")
+        ),
+        ("-m", "citus", "tests/citus/test_statement_shapes.py"),
+    ),
+    Mutant(
+        "ct2_probe_joined_to_its_condition",
+        "the topic opt-out probe is one statement with its condition again (IF p_topic IS NOT NULL AND "
+        "EXISTS …): Citus plans it on every decision, topic or not",
+        tuple(
+            (f, "        IF p_topic IS NOT NULL THEN\n            PERFORM 1 FROM gov.user_topic_optouts o "
+                "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN",
+             "        IF p_topic IS NOT NULL OR true THEN\n            PERFORM 1 FROM gov.user_topic_optouts o "
+             "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN", 1)
+            for f in ("sql/schema/20_decide.sql", "sql/migrations/0034_cluster_statements.sql")
+        ),
+        ("-m", "citus",
+         "tests/citus/test_statement_shapes.py::test_a_plain_decision_runs_only_its_shards_statements_through_citus"),
+    ),
+    Mutant(
         "y_crossover_rule_per_position",
         "the crossover rule tests each group on its own at 95 % (no fixed sequence): the lowest group that "
         "passes is declared, so over a curve of many positions a crossover is declared early far more than 5 %",

@@ -1,0 +1,82 @@
+"""A decision on a worker runs only statements on the user's own shard through Citus.
+
+Citus plans every statement that names one of its tables in its own planner. For a
+fast-path statement on the user's shard (one table, the user id as key) the shard query is
+planned once and cached (with gov's Citus build, tests/citus/test_plan_cache.py); for a
+statement on a reference table, with a sublink, or an INSERT … SELECT, it is deparsed,
+parsed and planned again on every call. So the decision reads the policy (reference
+tables) through gov.policy_tier, policy_caps, policy_rules and policy_spend, which
+gov.distribute_v1 binds to the tables' local copies, plain tables to PostgreSQL; runs a
+probe only when its condition can hold; and inserts send rows one VALUES at a time.
+
+Citus's own counter of single-shard executions, read on the worker that holds the user,
+counts the statements that still pass through Citus: the plain decision's ten are all
+fast-path statements on the user's shard (below). Before this shape the same decision
+made fourteen, four of them policy reads planned per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from gov import Governor, Message
+from tests.citus.test_any_node import at_port
+from tests.citus.test_cluster import _users_on, _workers
+
+# A fresh user's allowed P2 (the default policy: P2's own windows and P1's budget):
+# gov.users insert and row lock (gov.cluster_user_lock), the repeat check on gov.messages,
+# the user's segment and zone, their own caps, one gov.sends count per budget (2), one
+# gov.sends insert per budget (2), the gov.messages insert.
+PLAIN_ALLOWED = 10
+# with a topic: the user's opt-out probe on gov.user_topic_optouts, one more
+WITH_TOPIC = PLAIN_ALLOWED + 1
+
+
+def _executions(worker: psycopg.Connection[Any]) -> tuple[int, int]:
+    row = worker.execute(
+        "SELECT query_execution_single_shard, query_execution_multi_shard FROM citus_stat_counters"
+        " WHERE name = current_database()").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _per_decision(db_url: str, port: int, users: list[str], topic: str | None) -> float:
+    with psycopg.connect(at_port(db_url, port), autocommit=True) as worker:
+        worker.execute("SET citus.enable_stat_counters = on")
+        g = Governor(worker)
+        g.decide(Message(user_id=users[0], id="warm", tier="P2", topic=topic))  # the session's first plans
+        before = _executions(worker)
+        for u in users[1:]:
+            assert g.decide(Message(user_id=u, id="m1", tier="P2", topic=topic)).allowed
+        after = _executions(worker)
+    assert after[1] == before[1], "a decision ran a statement over several shards"
+    return (after[0] - before[0]) / (len(users) - 1)
+
+
+def test_the_policy_reads_are_bound_to_the_local_copies(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT p.proname, l.lanname, p.prosrc FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+        " WHERE p.pronamespace = 'gov'::regnamespace AND p.proname LIKE 'policy\\_%' ORDER BY 1").fetchall()
+    assert [r[0] for r in rows] == ["policy_caps", "policy_rules", "policy_spend", "policy_tier"]
+    for name, language, source in rows:
+        assert language == "sql", name
+        (table,) = [w for w in source.split() if w.startswith("gov.")]
+        # a shard's table: no Citus table of that name, but a relation PostgreSQL reads as it is
+        (citus,) = conn.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = to_regclass(%s)",
+                                (table,)).fetchone() or (None,)
+        assert citus == 0 and conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,), (name, table)
+
+
+def test_a_plain_decision_runs_only_its_shards_statements_through_citus(db_url: str,
+                                                                       conn: psycopg.Connection[Any]) -> None:
+    port = _workers(conn)[0]
+    users = _users_on(conn, port, "shape", 21)
+    assert _per_decision(db_url, port, users, None) == PLAIN_ALLOWED
+
+
+def test_a_decision_with_a_topic_adds_only_its_opt_out_probe(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    port = _workers(conn)[-1]
+    users = _users_on(conn, port, "topical", 21)
+    assert _per_decision(db_url, port, users, "news") == WITH_TOPIC
