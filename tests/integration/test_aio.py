@@ -95,6 +95,9 @@ def test_clients_that_send_again_once_answered_are_grouped_whole(db_url: str) ->
             async def client(c: int) -> None:
                 for t in range(turns):
                     await batcher.send(p2(f"loop-{c}-{t}", f"m{t}"))
+                    # the network between an answer and the next request: clients come back
+                    # in their own time, not all in the turn that answered them
+                    await asyncio.sleep(0.0002 * (c + 1))
 
             await asyncio.gather(*(client(c) for c in range(clients)))
             await batcher.close()
