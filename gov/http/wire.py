@@ -25,7 +25,7 @@ class JoinedWrites:
     a transport's own close sends its buffer), ``abort`` drops it (as its own abort does).
     """
 
-    __slots__ = ("_transport", "_loop", "_pending")
+    __slots__ = ("_loop", "_pending", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
