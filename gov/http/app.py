@@ -603,7 +603,11 @@ def serve(
                              batch_max=batch_max, batch_concurrency=batch_concurrency)
             # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
             # once the lifespan has closed the governor
-            config = uvicorn.Config(asgi(app), log_level="warning", access_log=access_log, lifespan="on")
+            from gov.http.wire import JoinedHttpToolsProtocol
+
+            # httptools, each answer's head and body written at once (gov.http.wire)
+            config = uvicorn.Config(asgi(app), log_level="warning", access_log=access_log, lifespan="on",
+                                    http=JoinedHttpToolsProtocol)
             uvicorn.Server(config).run(sockets=[sock])
         finally:
             governor.close()

@@ -80,6 +80,49 @@ def test_twenty_concurrent_sends_grouped_by_the_batcher_are_exact(db_url: str, c
     assert conn.execute("SELECT count(*) FROM gov.push_suppressions").fetchone() == ((RACERS - 2) * ROUNDS,)
 
 
+def test_clients_that_send_again_once_answered_are_grouped_whole(db_url: str) -> None:
+    """16 clients, each sending its next message once answered (wrk's load, gov bench --http):
+    on an idle database a batch waits for the clients the last one answered, so after the
+    first batches every batch holds all 16, with two batches allowed in flight, not two
+    alternating halves. (A window far longer than any batch: only the grouping is asserted.)"""
+    clients, turns = 16, 12
+
+    async def go() -> list[int]:
+        sizes: list[int] = []
+        async with AsyncGovernor(db_url, pool_size=3) as governor:
+            batcher = SendBatcher(governor, window_ms=5000, concurrency=2, on_batch=lambda n, _w: sizes.append(n))
+
+            async def client(c: int) -> None:
+                for t in range(turns):
+                    await batcher.send(p2(f"loop-{c}-{t}", f"m{t}"))
+                    # the network between an answer and the next request: clients come back
+                    # in their own time, not all in the turn that answered them
+                    await asyncio.sleep(0.0002 * (c + 1))
+
+            await asyncio.gather(*(client(c) for c in range(clients)))
+            await batcher.close()
+        return sizes
+
+    sizes = run(go)
+    assert sum(sizes) == clients * turns
+    assert sizes[-(turns // 2):] == [clients] * (turns // 2), sizes
+
+
+def test_a_lone_client_is_not_held_for_company(db_url: str) -> None:
+    """One client sending one message after the other: each batch expects it alone and goes
+    at once (a window of a minute would time the test out otherwise)."""
+    async def go() -> list[int]:
+        sizes: list[int] = []
+        async with AsyncGovernor(db_url, pool_size=3) as governor:
+            batcher = SendBatcher(governor, window_ms=60_000, concurrency=2, on_batch=lambda n, _w: sizes.append(n))
+            for t in range(5):
+                await asyncio.wait_for(batcher.send(p2("alone", f"m{t}")), 30)
+            await batcher.close()
+        return sizes
+
+    assert run(go) == [1] * 5
+
+
 def test_a_failing_message_in_a_batch_leaves_the_others_their_verdicts(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:

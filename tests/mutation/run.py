@@ -47,6 +47,19 @@ SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
     Mutant(
+        "dr1_batcher_expects_no_company",
+        "an idle SendBatcher no longer waits for the clients its last batch answered (two half batches)",
+        (("gov/aio.py", "self._expected = queue.qsize() + len(live)", "self._expected = 1", 1),),
+        ("tests/integration/test_aio.py::test_clients_that_send_again_once_answered_are_grouped_whole",),
+    ),
+    Mutant(
+        "dr2_joined_close_drops_the_answer",
+        "closing a connection with joined writes drops the answer not yet sent",
+        (("gov/http/wire.py", "    def close(self) -> None:\n        self.flush()\n",
+          "    def close(self) -> None:\n        self._pending = None\n", 1),),
+        ("tests/unit/test_wire.py::test_close_sends_what_is_pending_first_and_abort_drops_it",),
+    ),
+    Mutant(
         "a_user_cap_replaces_default",
         "the decision takes the user's own cap instead of least(default, user)",
         (
