@@ -335,6 +335,9 @@ BEGIN
     -- the user tables carry triggers that write colocated rows (the accepted event, the
     -- user-cap ceiling); Citus runs them on the shards
     SET LOCAL citus.enable_unsafe_triggers = on;
+    -- one connection per node for the whole call: a table distributed here over parallel
+    -- connections (an upgrade adds one) would refuse the functions distributed after it
+    SET LOCAL citus.multi_shard_modify_mode = 'sequential';
     FOREACH v_name IN ARRAY ARRAY['gov.tiers', 'gov.tier_consumes', 'gov.caps', 'gov.settings',
                                   'gov.segment_caps', 'gov.compiled_rules', 'gov.policy_versions',
                                   'gov.timing_curves'] LOOP

@@ -64,7 +64,7 @@ MUTANTS = [
         "the decision takes the user's own cap instead of least(default, user)",
         (
             ("sql/schema/20_decide.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
-            ("sql/migrations/0023_plain_rules.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
+            ("sql/migrations/0034_cluster_statements.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
         ),
         (
             "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
@@ -124,7 +124,7 @@ MUTANTS = [
         "decide_core holds every user to the tier's own windows, whatever their segment",
         (
             ("sql/schema/20_decide.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
-            ("sql/migrations/0023_plain_rules.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
+            ("sql/migrations/0034_cluster_statements.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
         ),
         (
             "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
@@ -175,7 +175,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
-            ("sql/migrations/0023_plain_rules.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
+            ("sql/migrations/0034_cluster_statements.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
         ),
         (
