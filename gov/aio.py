@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -37,7 +37,9 @@ from gov.governor import (
     decide_params,
     in_user_order,
     many_params,
+    many_send_query,
     send_params,
+    send_results,
 )
 from gov.message import Decision, Message
 from gov.queries import q
@@ -212,15 +214,11 @@ class AsyncGovernor:
 
     async def send_many(
         self, template: Message, user_ids: Iterable[str], *, at: datetime | None = None, batch: int = 500,
-        connections: int = 1,
+        connections: int = 1, best_within: timedelta | None = None,
     ) -> list[tuple[str, SendResult]]:
         """:meth:`gov.Governor.send_many`, awaited (delivery is left to ``gov dispatch``)."""
-        import json
-
-        rows = await self._many(
-            "send_many", template, user_ids, at, batch, connections, content=json.dumps(template.content())
-        )
-        return [(r["user_id"], SendResult(Decision.from_row(r), tuple(r["outbox_ids"]))) for r in rows]
+        query, extra = many_send_query(template, best_within)
+        return send_results(await self._many(query, template, user_ids, at, batch, connections, **extra))
 
     async def _many(
         self, query: str, template: Message, user_ids: Iterable[str], at: datetime | None, batch: int,

@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -31,6 +31,10 @@ class SendResult:
     decision: Decision
     outbox_ids: tuple[int, ...] = ()
     delivered: int = 0
+    # a campaign at each user's best hour (send_many's best_within): when the delivery is
+    # due, and 'best' or 'explore' (None: at once)
+    deliver_at: datetime | None = None
+    timing: str | None = None
 
     @property
     def sent(self) -> bool:
@@ -139,15 +143,17 @@ class Governor:
         at: datetime | None = None,
         batch: int = 500,
         connections: int = 1,
+        best_within: timedelta | None = None,
     ) -> list[tuple[str, SendResult]]:
         """:meth:`send` for a whole audience, in batches (delivery is left to ``gov dispatch``).
 
-        ``connections``: as for :meth:`decide_many`.
+        ``connections``: as for :meth:`decide_many`. ``best_within``: every user is still
+        decided now (the budget is spent now), and each allowed user's delivery waits for
+        the best hour of their estimate within that long (``gov.send_many_best_v1``;
+        ``SendResult.deliver_at`` says when).
         """
-        rows = self._many(
-            "send_many", template, user_ids, at, batch, connections, content=json.dumps(template.content())
-        )
-        return [(r["user_id"], SendResult(Decision.from_row(r), tuple(r["outbox_ids"]))) for r in rows]
+        query, extra = many_send_query(template, best_within)
+        return send_results(self._many(query, template, user_ids, at, batch, connections, **extra))
 
     def _many(
         self,
@@ -312,6 +318,25 @@ def many_params(
         **extra,
     }
     return users, params
+
+
+def many_send_query(template: Message, best_within: timedelta | None) -> tuple[str, dict[str, Any]]:
+    """The named statement of a campaign's sends and its parameters beyond ``many_params``."""
+    extra: dict[str, Any] = {"content": json.dumps(template.content())}
+    if best_within is None:
+        return "send_many", extra
+    if not isinstance(best_within, timedelta) or not timedelta(0) <= best_within <= timedelta(days=7):
+        raise ValueError(f"best_within must be a timedelta from 0 to 7 days, got {best_within!r}")
+    return "send_many_best", {**extra, "within": best_within}
+
+
+def send_results(rows: list[dict[str, Any]]) -> list[tuple[str, SendResult]]:
+    """A campaign's rows as (user id, SendResult) pairs."""
+    return [
+        (r["user_id"], SendResult(Decision.from_row(r), tuple(r["outbox_ids"]),
+                                  deliver_at=r.get("deliver_at"), timing=r.get("timing")))
+        for r in rows
+    ]
 
 
 def campaign_units(

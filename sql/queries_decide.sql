@@ -20,6 +20,12 @@ SELECT user_id, allowed, action, reason, repeated, outbox_ids
   FROM gov.send_many_v2(%(shard_key)s, %(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
                         %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);
 
+-- name: send_many_best
+-- send_many, each allowed user's delivery held to their best hour within %(within)s
+SELECT user_id, allowed, action, reason, repeated, outbox_ids, deliver_at, timing
+  FROM gov.send_many_best_v1(%(shard_key)s, %(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+                             %(content)s, %(collapse_key)s, %(ttl)s, %(within)s, %(now)s);
+
 -- name: shard_groups
 -- An audience in per-shard groups, each with its shard key (one group on one server).
 SELECT shard_key, user_ids FROM gov.shard_groups_v1(%(user_ids)s);

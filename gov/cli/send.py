@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from gov.cli.common import dsn, option, parse_at, read_stream, url_option
+from gov.cli.common import dsn, duration, option, parse_at, read_stream, url_option
 from gov.cli.common import signer as load_signer
+from gov.errors import GovError
 from gov.message import MAX_TTL_S
 
 
@@ -118,18 +119,37 @@ def send(
     "--connections", type=click.IntRange(1, 64), default=4,
     help="Slices of the audience (in user order) decided at once, one connection each.",
 )
-@option("--at", default=None, help="Decide at this ISO 8601 time instead of the database clock.")
+@option(
+    "--at", default=None,
+    help="Decide at this ISO 8601 time instead of the database clock; or 'best': decide every user now "
+         "and deliver each at the best hour of their estimate within --within.",
+)
+@option("--within", default=None, help="With --at best: how long a delivery may wait for its hour (default 24h, "
+                                       "at most 7d).")
 @url_option
 def send_campaign(
     users_file: Any, tier: str, message_id: str, title: str, body: str | None, url: str | None,
     topic: str | None, collapse_key: str | None, ttl: int | None, campaign: str | None, batch: int,
-    connections: int, at: str | None, database_url: str | None,
+    connections: int, at: str | None, within: str | None, database_url: str | None,
 ) -> None:
     """Send one message to a whole audience, decided in batches; gov dispatch delivers it."""
     from collections import Counter
+    from datetime import timedelta
 
     from gov.governor import Governor
     from gov.message import Message
+
+    best_within = None
+    if at == "best":
+        try:
+            best_within = duration(within or "24h", "--within")
+        except GovError as exc:
+            raise click.UsageError(str(exc)) from None
+        if best_within > timedelta(days=7):
+            raise click.UsageError(f"--within: at most 7d, got {within}")
+        at = None
+    elif within is not None:
+        raise click.UsageError("--within goes with --at best")
 
     template = Message(
         user_id="-", id=message_id, tier=tier, topic=topic, campaign_id=campaign,
@@ -138,6 +158,14 @@ def send_campaign(
     template.content()
     user_ids = [line.strip() for line in read_stream(users_file, "--users").splitlines() if line.strip()]
     with Governor(dsn(database_url), pool_size=connections) as gov:
-        results = gov.send_many(template, user_ids, at=parse_at(at), batch=batch, connections=connections)
+        results = gov.send_many(template, user_ids, at=parse_at(at), batch=batch, connections=connections,
+                                best_within=best_within)
     outcome = Counter("sent" if r.sent else f"{r.decision.action}:{r.decision.reason}" for _, r in results)
-    click.echo(json.dumps({"users": len(results), **dict(sorted(outcome.items()))}))
+    summary: dict[str, Any] = {"users": len(results), **dict(sorted(outcome.items()))}
+    if best_within is not None:  # how the deliveries were timed: the campaign's spread over its window
+        timing = Counter(r.timing or "now" for _, r in results if r.sent)
+        summary["timing"] = dict(sorted(timing.items()))
+        slots = [r.deliver_at for _, r in results if r.deliver_at is not None]
+        if slots:
+            summary["deliver_from"], summary["deliver_until"] = min(slots).isoformat(), max(slots).isoformat()
+    click.echo(json.dumps(summary))

@@ -335,9 +335,14 @@ CREATE TABLE gov.message_content (
     collapse_key text,
     ttl_s        integer     NOT NULL,
     expires_at   timestamptz NOT NULL,
+    -- a campaign sent at each user's best hour (gov.send_many_best_v1): how its slot was
+    -- chosen, 'best' or 'explore' (NULL: at once), so an analyst can keep the explored
+    -- deliveries apart when judging the estimate
+    timing       text,
     PRIMARY KEY (user_id, message_id),
     -- 2419200 s = 28 days: mirrors gov.message.MAX_TTL_S
-    CONSTRAINT message_content_ttl_range CHECK (ttl_s BETWEEN 0 AND 2419200)
+    CONSTRAINT message_content_ttl_range CHECK (ttl_s BETWEEN 0 AND 2419200),
+    CONSTRAINT message_content_timing_known CHECK (timing IN ('best', 'explore'))
 );
 
 -- One row per (message, live endpoint), written in the decision's transaction.

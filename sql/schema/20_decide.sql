@@ -835,6 +835,91 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- A campaign delivered at each user's best hour (`gov send-campaign --at best --within D`).
+-- Every user is decided now, exactly as gov.send_many_v2 decides them: the budget is spent
+-- at p_now, so a second campaign or a race sees it at once and no slot is counted twice;
+-- a retry of the message id returns its first verdict and slot. Each allowed user's
+-- outbox rows then wait (next_attempt_at) for the best slot of their estimate within
+-- p_within (gov.best_slot, asked for whatever [timing] says: quiet hours excluded, P0 at
+-- once, P1 at most timing_p1_max_delay later, a share timing_explore at an hour drawn from
+-- the message id), plus the user's jitter (gov.release_jitter), so one popular hour does
+-- not fire all at once. The TTL counts from the slot. deliver_at: when the delivery is
+-- due (NULL: not allowed); timing: 'best' or 'explore' (NULL: at once), also kept in
+-- gov.message_content.timing. What is held (deferred, quiet hours, collapse) waits in
+-- gov.deferred as any held message does. An endpoint subscribed after the decision does
+-- not receive it, one retired before the slot is skipped by the runner.
+CREATE FUNCTION gov.send_many_best_v1(
+    p_shard_key    text,
+    p_user_ids     text[],
+    p_message_id   text,
+    p_tier         text,
+    p_topic        text,
+    p_campaign_id  text,
+    p_content      jsonb,
+    p_collapse_key text,
+    p_ttl_s        integer,
+    p_within       interval,
+    p_now          timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    user_id        text,
+    allowed        boolean,
+    action         text,
+    reason         text,
+    repeated       boolean,
+    outbox_ids     bigint[],
+    deliver_at     timestamptz,
+    timing         text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := coalesce(p_now, clock_timestamp());
+    r_sent   record;
+    v_slot   timestamptz;
+    v_timing text;
+BEGIN
+    IF p_within IS NULL OR p_within < interval '0' OR p_within > interval '7 days' THEN
+        RAISE EXCEPTION 'gov.send_many_best_v1: p_within must be between 0 and 7 days, got %', p_within
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR r_sent IN
+        SELECT * FROM gov.send_many_v2(p_shard_key, p_user_ids, p_message_id, p_tier, p_topic, p_campaign_id,
+                                       p_content, p_collapse_key, p_ttl_s, v_now)
+    LOOP
+        v_slot := NULL;
+        v_timing := NULL;
+        IF r_sent.allowed AND NOT r_sent.repeated THEN
+            SELECT b.o_slot, b.o_timing INTO v_slot, v_timing
+              FROM gov.best_slot(r_sent.user_id, p_tier, p_message_id, v_now, v_now + p_within, v_now, true) b;
+            IF v_slot > v_now THEN
+                v_slot := v_slot + gov.release_jitter(r_sent.user_id, p_message_id);
+                UPDATE gov.outbox o SET next_attempt_at = v_slot
+                 WHERE o.user_id = r_sent.user_id AND o.id = ANY (r_sent.outbox_ids);
+            ELSE
+                v_slot := v_now;
+            END IF;
+            IF v_timing IS NOT NULL THEN
+                UPDATE gov.message_content c
+                   SET expires_at = v_slot + c.ttl_s * interval '1 second', timing = v_timing
+                 WHERE c.user_id = r_sent.user_id AND c.message_id = p_message_id;
+            END IF;
+        ELSIF r_sent.allowed THEN  -- a retry: the slot the first call chose
+            SELECT c.expires_at - c.ttl_s * interval '1 second', c.timing INTO v_slot, v_timing
+              FROM gov.message_content c
+             WHERE c.user_id = r_sent.user_id AND c.message_id = p_message_id;
+        END IF;
+        user_id := r_sent.user_id;
+        allowed := r_sent.allowed;
+        action := r_sent.action;
+        reason := r_sent.reason;
+        repeated := r_sent.repeated;
+        outbox_ids := r_sent.outbox_ids;
+        deliver_at := v_slot;
+        timing := v_timing;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
 -- ---------------------------------------------------------------- many messages at once
 
 -- Send a batch of unrelated messages (any users, tiers, topics, content) in one call and

@@ -55,7 +55,8 @@ $$;
 -- gov.best_hours_v1 does), the earliest on a tie (o_timing 'best'). A share
 -- timing_explore of the messages, drawn from p_seed (the message id: a retry draws the
 -- same), goes at a candidate drawn from it instead (o_timing 'explore'), so the estimate
--- sees hours the timing would not choose.
+-- sees hours the timing would not choose. p_asked: the caller asked for the best slot
+-- whatever [timing] says (a campaign sent with --at best, gov.send_many_best_v1).
 CREATE FUNCTION gov.best_slot(
     p_user_id  text,
     p_tier     text,
@@ -63,6 +64,7 @@ CREATE FUNCTION gov.best_slot(
     p_first    timestamptz,
     p_deadline timestamptz,
     p_now      timestamptz,
+    p_asked    boolean DEFAULT false,
     OUT o_slot   timestamptz,
     OUT o_timing text
 )
@@ -78,7 +80,7 @@ BEGIN
     o_slot := p_first;
     EXECUTE format('SELECT s.timing_enabled, s.timing_p1_max_delay_ms, s.timing_explore, s.jitter_ms FROM %s s',
                    gov.shard_relation('gov.settings', NULL)) INTO v_set;
-    IF v_set.timing_enabled IS NOT TRUE OR p_tier = 'P0' THEN
+    IF (v_set.timing_enabled IS NOT TRUE AND NOT p_asked) OR p_tier = 'P0' THEN
         RETURN;
     END IF;
     v_last := p_deadline - (v_set.jitter_ms + 60000) * interval '1 millisecond';

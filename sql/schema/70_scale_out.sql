@@ -221,7 +221,7 @@ BEGIN
           FROM pg_proc p
          WHERE p.pronamespace = 'gov'::regnamespace
            AND p.proname IN ('decide_v1', 'send_v1', 'claim_outbox_v3', 'release_due_v2', 'decide_many_v2',
-                             'send_many_v2', 'send_batch_v1')
+                             'send_many_v2', 'send_many_best_v1', 'send_batch_v1')
            AND NOT EXISTS (SELECT 1 FROM pg_dist_object o
                             WHERE o.classid = 'pg_proc'::regclass AND o.objid = p.oid
                               AND o.distribution_argument_index IS NOT NULL)

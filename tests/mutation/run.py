@@ -175,7 +175,8 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
-            ("sql/migrations/0034_cluster_statements.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
+            ("sql/migrations/0034_cluster_statements.sql",
+             "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
         ),
         (
@@ -404,7 +405,7 @@ MUTANTS = [
         tuple(
             (f, ' AND gov.quiet_until(p_user_id, c.t) = c.t',
              '', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
         ),
         (
             "tests/integration/test_timing.py::test_quiet_hours_are_never_chosen",
@@ -416,7 +417,7 @@ MUTANTS = [
         tuple(
             (f, "        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');",
              '        NULL;', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
         ),
         (
             "tests/integration/test_timing.py::test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never",
@@ -428,7 +429,7 @@ MUTANTS = [
         tuple(
             (f, '(coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20)',
              'coalesce(g.estimate, p.estimate)', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
         ),
         (
             "tests/integration/test_timing.py::test_a_users_own_clicks_beat_the_population",
@@ -440,10 +441,49 @@ MUTANTS = [
         tuple(
             (f, 'IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN',
              'IF false THEN', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
         ),
         (
             "tests/integration/test_timing.py::test_an_explored_share_goes_at_a_drawn_hour_and_says_so",
+        ),
+    ),
+    Mutant(
+        "bt8_campaign_at_best_needs_timing_on",
+        "a campaign sent --at best gets the best hour only when the policy's [timing] is on",
+        tuple(
+            (f, "IF (v_set.timing_enabled IS NOT TRUE AND NOT p_asked) OR p_tier = 'P0' THEN",
+             "IF (v_set.timing_enabled IS NOT TRUE) OR p_tier = 'P0' THEN", 1)
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+        ),
+        (
+            "tests/integration/test_campaign_best.py::"
+            "test_decided_now_delivered_at_the_best_hour_with_its_ttl_from_there",
+        ),
+    ),
+    Mutant(
+        "bt9_campaign_at_best_delivered_at_once",
+        "a campaign sent --at best names the best hour but its outbox rows are due at once",
+        tuple(
+            (f, "UPDATE gov.outbox o SET next_attempt_at = v_slot\n",
+             "UPDATE gov.outbox o SET next_attempt_at = o.next_attempt_at\n", 1)
+            for f in ("sql/schema/20_decide.sql", "sql/migrations/0035_campaign_at_best.sql")
+        ),
+        (
+            "tests/integration/test_campaign_best.py::"
+            "test_decided_now_delivered_at_the_best_hour_with_its_ttl_from_there",
+        ),
+    ),
+    Mutant(
+        "bt10_campaign_at_best_ttl_from_the_decision",
+        "a campaign sent --at best keeps the TTL counted from the decision: dead at its hour",
+        tuple(
+            (f, "SET expires_at = v_slot + c.ttl_s * interval '1 second', timing = v_timing",
+             "SET timing = v_timing", 1)
+            for f in ("sql/schema/20_decide.sql", "sql/migrations/0035_campaign_at_best.sql")
+        ),
+        (
+            "tests/integration/test_campaign_best.py::"
+            "test_decided_now_delivered_at_the_best_hour_with_its_ttl_from_there",
         ),
     ),
 ]
