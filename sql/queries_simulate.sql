@@ -101,6 +101,13 @@ SELECT e.event, count(DISTINCT (e.user_id, e.message_id)) AS messages, count(DIS
  GROUP BY e.event
  ORDER BY e.event;
 
+-- name: sim_clicks_non_p0
+-- Non-P0 messages that drew a click (a summary counts as its carrier's message).
+SELECT count(DISTINCT (e.user_id, e.message_id))
+  FROM gov.push_events e
+  JOIN gov.messages m ON m.user_id = e.user_id AND m.message_id = e.message_id
+ WHERE e.event = 'click' AND m.tier <> 'P0';
+
 -- name: sim_next_release
 -- When the releaser next has something to do (NULL: nothing waits).
 SELECT min(d.release_at) FROM gov.deferred d WHERE d.state = 'waiting';
@@ -203,3 +210,11 @@ SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.displays) AS 
   FROM gov.user_hour_estimates(%(since)s, %(now)s, %(strength)s, NULL) e
  GROUP BY e.user_id
  ORDER BY e.user_id;
+
+-- name: sim_timing_enabled
+-- The policy's [timing] (the simulation refreshes the timing priors daily when it is on).
+SELECT coalesce((SELECT s.timing_enabled FROM gov.settings s), false);
+
+-- name: sim_refresh_timing
+-- The daily cron of a deployment with [timing] on, at the simulated midnight.
+SELECT gov.refresh_timing_curves_v1(p_now => %(now)s);

@@ -329,10 +329,14 @@ class _Telemetry:
             self.recorded += sum(f.result() for f in done)
             self._futures = [f for f in self._futures if not f.done()]
 
-    def drain(self) -> int:
-        """Wait for every event to be written; return how many were."""
+    def flush(self) -> None:
+        """Wait for every event recorded so far to be written (the writers stay)."""
         self.recorded += sum(f.result() for f in self._futures)
         self._futures = []
+
+    def drain(self) -> int:
+        """Wait for every event to be written; return how many were."""
+        self.flush()
         self._pool.shutdown(wait=True)
         return self.recorded
 
@@ -465,6 +469,10 @@ class Engine:
         delivering: Future[list[int]] | None = None  # the previous tick's deliver stage
 
         (distributed,) = gov.source.execute(q("distributed"), {})[0]
+        # [timing] on: the priors gov.best_slot reads are refreshed at every simulated
+        # midnight, as the daily cron a deployment runs (gov.refresh_timing_curves_v1)
+        (timing,) = gov.source.execute(q("sim_timing_enabled"), {})[0]
+        early: list[int] = []  # rows the previous deliver stage left in flight, collected early
 
         def send(items: list[Planned]) -> list[tuple[tuple[int, ...], bool]]:
             """Decide a lane's messages in order: those planned for one instant in one call.
@@ -503,6 +511,13 @@ class Engine:
                             heapq.heappush(heap, (*p.sort_key, p))
                             self.stats.planned += 1
                     next_day += 1
+                    if timing and next_day > 1 and self._telemetry is not None:
+                        # every event up to now written first, so the curves (and the
+                        # simulation) do not depend on the writers' timing
+                        early = delivering.result() if delivering is not None else []
+                        delivering = None
+                        self._telemetry.flush()
+                        gov.source.execute(q("sim_refresh_timing"), {"now": now})
                 due: list[Planned] = []
                 while heap and heap[0][0] < now:
                     p = heapq.heappop(heap)[-1]
@@ -529,7 +544,8 @@ class Engine:
                                                                     {"now": now, "after": outbox_seen})
                                   if i not in known)
                 outbox_seen = max([outbox_seen, *queued])
-                carried = delivering.result() if delivering is not None else []
+                carried = early + (delivering.result() if delivering is not None else [])
+                early = []
                 gone = frozenset(self.unsubscribed)
                 delivering = stage.submit(self._deliver, gov, runners, carried + queued, now)
                 if self.progress is not None:

@@ -112,6 +112,13 @@ class Summary:
     truth_positions: tuple[tuple[str, int, int, float, float], ...] = ()
     tolerance: float = 1.0
     hours: Any = None  # hours.HourRecovery: gov's best hours vs the hidden ones (None without an hour effect)
+    clicks_non_p0: int = 0  # non-P0 messages that drew a click (what the timing of held messages can move)
+
+    @property
+    def click_rate_non_p0(self) -> float:
+        """Clicks per delivered non-P0 message."""
+        delivered = sum(r.delivered for r in self.by_tier if r.key != "P0")
+        return self.clicks_non_p0 / delivered if delivered else 0.0
 
     def per_week(self, value: float) -> float:
         return value * 7 / self.days
@@ -187,8 +194,9 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         attempts = tuple((o, int(n)) for o, n in source.execute(q("sim_delivery_totals"), {}))
         try:
             events = tuple((e, int(m), int(u)) for e, m, u in source.execute(q("sim_event_totals"), {}))
+            (clicks_non_p0,) = source.execute(q("sim_clicks_non_p0"), {})[0]
         except GovError:  # no telemetry table in this schema
-            events = ()
+            events, clicks_non_p0 = (), 0
         fatigue = _fatigue(source, config)
         marginal = _marginal(source, config)
         split = tuple((str(t), *(int(x) for x in rest)) for t, *rest in source.execute(q("sim_collapse_split"), {}))
@@ -229,6 +237,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         collapse_split=split,  # type: ignore[arg-type]
         expired_by_key=expired_keys,
         expired_split=expired_split,
+        clicks_non_p0=int(clicks_non_p0),
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
         marginal=marginal,
         truth_positions=tuple(

@@ -31,6 +31,8 @@ def policy_comparison(candidate: Summary, baseline: Summary) -> Table:
         ("sends per user per week: median", f"{cm:.1f}", f"{bm:.1f}"),
         ("sends per user per week: p90", f"{cp:.1f}", f"{bp:.1f}"),
         ("clicks", candidate.event_messages("click"), baseline.event_messages("click")),
+        ("clicks per delivered non-P0 message", f"{candidate.click_rate_non_p0:.2%}",
+         f"{baseline.click_rate_non_p0:.2%}"),
         ("users unsubscribed", candidate.unsubscribed, baseline.unsubscribed),
         ("clicks minus unsubscribes", _net(candidate), _net(baseline)),
     )
