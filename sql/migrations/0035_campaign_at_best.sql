@@ -133,6 +133,7 @@ DECLARE
     r_sent   record;
     v_slot   timestamptz;
     v_timing text;
+    v_ttl_s  integer;
 BEGIN
     IF p_within IS NULL OR p_within < interval '0' OR p_within > interval '7 days' THEN
         RAISE EXCEPTION 'gov.send_many_best_v1: p_within must be between 0 and 7 days, got %', p_within
@@ -155,14 +156,19 @@ BEGIN
                 v_slot := v_now;
             END IF;
             IF v_timing IS NOT NULL THEN
+                -- the TTL from the slot, computed here: on a Citus cluster an UPDATE may not
+                -- call a STABLE function (timestamptz + interval) on a column
+                SELECT c.ttl_s INTO v_ttl_s
+                  FROM gov.message_content c WHERE c.user_id = r_sent.user_id AND c.message_id = p_message_id;
                 UPDATE gov.message_content c
-                   SET expires_at = v_slot + c.ttl_s * interval '1 second', timing = v_timing
+                   SET expires_at = v_slot + v_ttl_s * interval '1 second', timing = v_timing
                  WHERE c.user_id = r_sent.user_id AND c.message_id = p_message_id;
             END IF;
         ELSIF r_sent.allowed THEN  -- a retry: the slot the first call chose
-            SELECT c.expires_at - c.ttl_s * interval '1 second', c.timing INTO v_slot, v_timing
+            SELECT c.expires_at, c.ttl_s, c.timing INTO v_slot, v_ttl_s, v_timing
               FROM gov.message_content c
              WHERE c.user_id = r_sent.user_id AND c.message_id = p_message_id;
+            v_slot := v_slot - v_ttl_s * interval '1 second';
         END IF;
         user_id := r_sent.user_id;
         allowed := r_sent.allowed;

@@ -24,11 +24,12 @@ from tests.integration.test_decide import RACERS, ROUNDS, race_once
 from tests.integration.test_delivery import _deliveries, _fill_outbox, _runner, states
 
 REFERENCE = {"gov.tiers", "gov.tier_consumes", "gov.caps", "gov.settings", "gov.segment_caps", "gov.compiled_rules",
-             "gov.policy_versions", "gov_alembic_version"}  # the schema revision: readable on every node
+             "gov.policy_versions", "gov.timing_curves",
+             "gov_alembic_version"}  # the schema revision: readable on every node
 DISTRIBUTED = {
     "gov.users", "gov.user_caps", "gov.user_topic_optouts", "gov.messages", "gov.sends", "gov.push_suppressions",
     "gov.deferred", "gov.subscriptions", "gov.message_content", "gov.outbox", "gov.delivery_attempts",
-    "gov.push_events",
+    "gov.push_events", "gov.release_minutes",
 }
 
 
@@ -62,7 +63,7 @@ def test_the_schema_is_distributed_by_user(conn: psycopg.Connection[Any]) -> Non
         " WHERE o.classid = 'pg_proc'::regclass AND o.distribution_argument_index IS NOT NULL"
     ).fetchall())
     assert delegated == {"decide_v1": 0, "send_v1": 0, "claim_outbox_v3": 0, "release_due_v2": 0,
-                         "decide_many_v2": 0, "send_many_v2": 0, "send_batch_v1": 0}
+                         "decide_many_v2": 0, "send_many_v2": 0, "send_many_best_v1": 0, "send_batch_v1": 0}
 
 
 def test_a_decision_is_pushed_down_whole_to_its_users_worker(conn: psycopg.Connection[Any]) -> None:

@@ -78,4 +78,4 @@ def test_the_cluster_answers_as_one_server_does(runs: tuple[RunOutcome, RunOutco
     assert checks["conservation"]["ok"], checks["conservation"]
     # and the database it checked is the cluster's: its tables are distributed
     with psycopg.connect(with_dbname(citus_db, dbname_of(cluster.kept_url))) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_dist_partition WHERE partmethod = 'h'").fetchone() == (12,)
+        assert conn.execute("SELECT count(*) FROM pg_dist_partition WHERE partmethod = 'h'").fetchone() == (13,)

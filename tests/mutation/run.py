@@ -477,7 +477,7 @@ MUTANTS = [
         "bt10_campaign_at_best_ttl_from_the_decision",
         "a campaign sent --at best keeps the TTL counted from the decision: dead at its hour",
         tuple(
-            (f, "SET expires_at = v_slot + c.ttl_s * interval '1 second', timing = v_timing",
+            (f, "SET expires_at = v_slot + v_ttl_s * interval '1 second', timing = v_timing",
              "SET timing = v_timing", 1)
             for f in ("sql/schema/20_decide.sql", "sql/migrations/0035_campaign_at_best.sql")
         ),
