@@ -155,3 +155,41 @@ def test_the_command_line(db_url: str, conn: psycopg.Connection[Any], push: Push
     assert bad.exit_code == 2 and "--within" in bad.output
     bad = CliRunner().invoke(main, [*base, "--id", "m3", "--within", "2h"])
     assert bad.exit_code == 2 and "--at best" in bad.output
+
+
+def test_a_held_delivery_is_in_one_state_and_alarms_nobody(gov: Governor, clock: Clock,
+                                                          conn: psycopg.Connection[Any], push: PushService) -> None:
+    """Waiting for its hour, a campaign's delivery is in flight (conservation), and no
+    health check calls the outbox stuck or overdue; after its hour it is delivered."""
+    from gov.ops.health import conservation_check, run_checks
+
+    curves(conn)
+    gov.subscribe("a", push.subscribe().info)
+    [(_, r)] = gov.send_many(sale(), ["a"], best_within=DAY)
+    assert r.deliver_at is not None and r.deliver_at > NOW
+    for at in (NOW + timedelta(hours=1), r.deliver_at + timedelta(minutes=1)):
+        clock.now = at
+        if at > r.deliver_at:
+            assert gov.dispatcher().run_once().outcomes == {"delivered": 1}
+        # the messages decided since the campaign (curves() wrote a crowd's history by hand)
+        check = conservation_check(conn, since=at - NOW + timedelta(seconds=1), now=at)
+        assert check.ok, check
+        failing = [c for c in run_checks(conn, now=at) if not c.ok]
+        assert failing == [], failing
+
+
+def test_the_async_governor_sends_at_best_too(db_url: str, gov: Governor, conn: psycopg.Connection[Any],
+                                              push: PushService) -> None:
+    from gov.aio import AsyncGovernor
+    from tests.aio import run_async
+
+    curves(conn)
+    gov.subscribe("a", push.subscribe().info)
+
+    async def go() -> Any:
+        async with AsyncGovernor(db_url) as g:
+            return await g.send_many(sale(), ["a"], at=NOW, best_within=DAY)
+
+    [(_, r)] = run_async(go())
+    assert r.sent and r.timing == "best" and r.deliver_at is not None
+    assert BEST <= r.deliver_at < BEST + timedelta(minutes=10)
