@@ -134,11 +134,17 @@ def test_delivery_bench_smoke(tmp_path: Path, pg_server: str) -> None:
     result = _delivery_bench(pg_server, out, "--messages", "60", "--workers", "2", "--processes", "2")
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    naive, gov = report["figures"]
+    naive, gov, command, *seeds = report["figures"]
     assert naive["contender"] == "naive pywebpush loop"
     assert gov["contender"].startswith("gov dispatch (2 processes × 2 workers")
-    for f in (naive, gov):
+    assert command["contender"].startswith("the whole command `gov dispatch --once`")
+    # the seeds' sender (Node web-push) runs, or the report says why it could not
+    assert [f["contender"].split(":")[0] for f in seeds] == ["the seeds' sender"] or \
+        any("seeds' sender" in n and "skipped" in n for n in report["notes"]), report["notes"]
+    for f in (naive, gov, command, *seeds):
         assert f["delivered"] == 60 and f["per_second"] > 0 and f["cpu_ms_per_message"] > 0, f
+    if seeds:
+        assert "the whole command against the seeds' sender" in result.stdout
     assert report["service"] == "count" and report["service_per_second"] > 0
     assert len(report["load_before"]) == len(report["load_after"]) == 3
     for words in ("messages/s", "client CPU ms/msg", "push service alone", "requests/s", "load average"):
@@ -153,7 +159,7 @@ def test_delivery_bench_correctness_pass_on_the_verifying_service(tmp_path: Path
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["service"] == "verify" and report["service_per_second"] is None
-    assert [f["delivered"] for f in report["figures"]] == [24, 24]
+    assert [f["delivered"] for f in report["figures"]] == [24, 24, 24]  # naive, forked runners, the command
 
 
 @pytest.mark.skipif(not REDIS, reason="redis-server or redis-py missing")

@@ -391,6 +391,12 @@ def _delivery(database_url: str | None, messages: int, workers: int, processes: 
                       f"{f.per_second:,.0f}", f"{f.per_second / naive:.2f}", f"{f.cpu_ms_per_message:.3f}")
     console = Console() if sys.stdout.isatty() else Console(width=120)
     console.print(table)
+    seeds = next((f for f in figures if f.contender.startswith("the seeds' sender")), None)
+    command = next((f for f in figures if f.contender.startswith("the whole command")), None)
+    if seeds is not None and command is not None and seeds.per_second:
+        console.print(f"the whole command against the seeds' sender: {command.per_second / seeds.per_second:.2f}×")
+    for note in report.notes:
+        console.print(note)
     if report.service_per_second is not None:
         console.print(f"push service alone (keep-alive, pipelined): {report.service_per_second:,.0f} requests/s")
     console.print("load average (1, 5, 15 min): before {} · after {} · {} cores".format(

@@ -29,6 +29,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import resource
 import selectors
 import shutil
 import socket
@@ -40,9 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from gov.delivery.vapid import VapidSigner, generate_keypair
+from gov.lab.bench.http import node_modules
 
 SUBJECT = "mailto:bench@example.com"
 COUNTING_SERVER = Path(__file__).with_name("countpush.js")
+WEBSEND_DIR = Path(__file__).with_name("websend")  # the seeds' sender: Node web-push
+WEBSEND_INFLIGHT = 16
 #: Rows per claim in the bench (``gov dispatch --batch``): a fast push service lets a runner
 #: attempt far more than the default's 4 per worker in one lease, and every batch costs two commits.
 DEFAULT_BATCH = 256
@@ -80,9 +84,11 @@ class DeliveryReport:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # a contender skipped, and why
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "notes": self.notes,
             "figures": [f.as_json() for f in self.figures],
             "service": self.service,
             "service_per_second": self.service_per_second,
@@ -314,29 +320,38 @@ def run_delivery_bench(
         signer = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT})
         say(f"starting the {'counting' if service == 'count' else 'verifying'} push service")
         push: CountingPushService | VerifyingPushService = (
-            CountingPushService(subscriptions * 2) if service == "count"
+            CountingPushService(subscriptions * 3) if service == "count"
             else VerifyingPushService(subscriptions * 2, public)
         )
+        notes: list[str] = []
+        extra: list[DeliveryFigure] = []
         try:
             service_rate = push.max_rate()
             if service_rate is not None:
                 say(f"the push service alone: {service_rate:,.0f} requests/s")
             payload = json.dumps({"title": "bench", "body": "x" * 170}).encode()  # about 200 bytes
             naive_infos = push.infos[:subscriptions]
-            gov_infos = push.infos[subscriptions:]
+            gov_infos = push.infos[subscriptions : 2 * subscriptions]
+            node_infos = push.infos[2 * subscriptions :]
+            users = [f"bench-d{i}" for i in range(subscriptions)]
+
+            def fill(label: str) -> None:
+                """``messages`` P0 messages queued for the gov users, ``label`` in their ids."""
+                with Governor(dsn, pool_size=2, allow_loopback_http=True) as gov:
+                    queued = 0
+                    for round_ in range(per_subscription):
+                        take = users[: min(subscriptions, messages - queued)]
+                        gov.send_many(
+                            Message(user_id="-", id=f"bench-delivery-{label}-{round_}", tier="P0", title="bench",
+                                    body="x" * 150, ttl=3600),
+                            take,
+                        )
+                        queued += len(take)
+
             with Governor(dsn, pool_size=2, allow_loopback_http=True) as gov:
                 for i, info in enumerate(gov_infos):
                     gov.subscribe(f"bench-d{i}", info)
-                users = [f"bench-d{i}" for i in range(subscriptions)]
-                queued = 0
-                for round_ in range(per_subscription):
-                    take = users[: min(subscriptions, messages - queued)]
-                    gov.send_many(
-                        Message(user_id="-", id=f"bench-delivery-{round_}", tier="P0", title="bench",
-                                body="x" * 150, ttl=3600),
-                        take,
-                    )
-                    queued += len(take)
+            fill("forked")
             load_before = os.getloadavg()
             say("naive pywebpush loop")
             before = push.accepted()
@@ -347,6 +362,25 @@ def run_delivery_bench(
             gov_s, gov_cpu = _gov(dsn, signer, processes, workers, batch) if processes > 1 else _gov_here(
                 dsn, signer, workers, batch)
             gov_ok = push.accepted() - before
+            # the whole command, as cron runs it: interpreter start, imports, schema check, drain
+            fill("command")
+            say(f"the whole command: gov dispatch --once --processes {processes} --workers {workers}")
+            before = push.accepted()
+            command_s, command_cpu = _gov_command(dsn, key_path, processes, workers, batch)
+            extra.append(DeliveryFigure(
+                f"the whole command `gov dispatch --once` ({processes} processes × {workers} workers)",
+                messages, command_s, push.accepted() - before, command_cpu))
+            if service == "count":
+                modules, why = node_modules(WEBSEND_DIR, "bench-websend", "the seeds' sender (web-push)", say)
+                if modules is None:
+                    notes.append(f"the seeds' sender (Node web-push) skipped: {why}")
+                else:
+                    say(f"the seeds' sender: Node web-push, {WEBSEND_INFLIGHT} in flight")
+                    before = push.accepted()
+                    node_s, node_cpu = _websend(modules, node_infos, key_path, payload, messages)
+                    extra.append(DeliveryFigure(
+                        f"the seeds' sender: `node` + web-push, {WEBSEND_INFLIGHT} in flight (whole command)",
+                        messages, node_s, push.accepted() - before, node_cpu))
             load_after = os.getloadavg()
         finally:
             push.close()
@@ -355,7 +389,9 @@ def run_delivery_bench(
             DeliveryFigure("naive pywebpush loop", messages, naive_s, naive_ok, naive_cpu),
             DeliveryFigure(f"gov dispatch ({processes} processes × {workers} workers, batch {batch})", messages,
                            gov_s, gov_ok, gov_cpu),
+            *extra,
         ],
+        notes=notes,
         service=service,
         service_per_second=service_rate,
         load_before=load_before,
@@ -363,6 +399,61 @@ def run_delivery_bench(
         settings={"messages": messages, "subscriptions": subscriptions, "processes": processes,
                   "workers": workers, "batch": batch, "payload_bytes": len(payload)},
     )
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _gov_command(dsn: str, key_path: Path, processes: int, workers: int, batch: int) -> tuple[float, float]:
+    """``gov dispatch --once`` as a command of its own; return (wall s, CPU s of it and its runners)."""
+    import secrets
+    import sys
+
+    env = {**os.environ, "GOV_VAPID_PRIVATE_KEY": str(key_path), "GOV_VAPID_SUBJECT": SUBJECT,
+           "GOV_BEACON_SECRET": secrets.token_hex(32), "GOV_ALLOW_LOOPBACK_HTTP": "1"}
+    cpu = _children_cpu()
+    started = time.perf_counter()
+    # cwd: a directory with no gov in it (python -m puts the cwd ahead of everything)
+    done = subprocess.run(
+        [sys.executable, "-m", "gov.cli", "dispatch", "--once", "--processes", str(processes), "--workers",
+         str(workers), "--batch", str(batch), "--database-url", dsn],
+        cwd=key_path.parent, env=env, capture_output=True, text=True, timeout=600,
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise DeliveryBenchError(f"gov dispatch --once failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    return seconds, _children_cpu() - cpu
+
+
+def _websend(modules: Path, infos: list[dict[str, Any]], key_path: Path, payload: bytes,
+             messages: int) -> tuple[float, float]:
+    """The seeds' sender (``websend.js``: web-push per message) as a command; (wall s, CPU s)."""
+    from cryptography.hazmat.primitives import serialization
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+    private = key.private_numbers().private_value.to_bytes(32, "big")  # type: ignore[union-attr]
+    public = key.public_key().public_bytes(  # type: ignore[union-attr]
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    config = key_path.parent / "websend.json"
+    config.write_text(json.dumps({
+        "subscriptions": infos, "messages": messages, "inflight": WEBSEND_INFLIGHT, "ttl": 3600,
+        "payload": payload.decode(),
+        "vapid": {"subject": SUBJECT, "publicKey": b64(public), "privateKey": b64(private)},
+    }))
+    node = shutil.which("node") or "node"
+    cpu = _children_cpu()
+    started = time.perf_counter()
+    done = subprocess.run([node, str(WEBSEND_DIR / "websend.js"), str(config)], env={**os.environ,
+                          "NODE_PATH": str(modules)}, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise DeliveryBenchError(f"the seeds' sender failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    return seconds, _children_cpu() - cpu
 
 
 def _gov_here(dsn: str, signer: VapidSigner, workers: int, batch: int) -> tuple[float, float]:

@@ -338,7 +338,14 @@ def cache_root() -> Path:
 
 
 def seed_server_modules(progress: Callable[[str], None]) -> tuple[Path | None, str]:
-    """The seeds' server's node_modules, installed once per package.json; (None, why) when it cannot be.
+    """The seeds' server's node_modules (see :func:`node_modules`)."""
+    return node_modules(SEED_SERVER_DIR, "bench-seed-server", "the seeds' server's dependency", progress)
+
+
+def node_modules(package_dir: Path, cache_name: str, what: str,
+                 progress: Callable[[str], None]) -> tuple[Path | None, str]:
+    """The node_modules of ``package_dir/package.json``, installed once per package.json under
+    the cache's ``cache_name``; (None, why) when they cannot be.
 
     The directory is named by a digest of package.json, so a changed dependency is installed
     afresh; it is installed in a temporary directory and renamed into place, so an install
@@ -349,12 +356,12 @@ def seed_server_modules(progress: Callable[[str], None]) -> tuple[Path | None, s
     npm = shutil.which("npm")
     if npm is None:
         return None, "npm is not on PATH (node is)"
-    manifest = (SEED_SERVER_DIR / "package.json").read_bytes()
-    home = cache_root() / "bench-seed-server"
+    manifest = (package_dir / "package.json").read_bytes()
+    home = cache_root() / cache_name
     target = home / hashlib.sha256(manifest).hexdigest()[:16]
     if (target / "node_modules").is_dir():
         return target / "node_modules", f"node_modules in {target}"
-    progress(f"installing the seeds' server's dependency (npm install in {target})")
+    progress(f"installing {what} (npm install in {target})")
     try:
         home.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".install-", dir=home))
