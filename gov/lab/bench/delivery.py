@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gov.delivery.vapid import VapidSigner, generate_keypair
-from gov.lab.bench.http import node_modules
+from gov.lab.bench.node import node_modules
 
 SUBJECT = "mailto:bench@example.com"
 COUNTING_SERVER = Path(__file__).with_name("countpush.js")

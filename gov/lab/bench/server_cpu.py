@@ -62,17 +62,26 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 def server_ticks(postmaster: int) -> int | None:
     """CPU ticks the server of ``postmaster`` has spent so far (see the module's docstring), or None if gone."""
-    own = _stat_fields(postmaster)
-    if own is None:
-        return None
-    # after the name: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14)
-    total = sum(int(x) for x in own[11:15])
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None and fields[1] == str(postmaster):
-            total += int(fields[11]) + int(fields[12])
+    # A child reaped between the postmaster's read and its own is counted in neither (a run's
+    # end, when the clients' backends exit): read the postmaster again after the children,
+    # and start over when its reaped children's CPU moved meanwhile.
+    for _ in range(20):
+        own = _stat_fields(postmaster)
+        if own is None:
+            return None
+        # after the name: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14)
+        total = sum(int(x) for x in own[11:15])
+        for entry in PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and fields[1] == str(postmaster):
+                total += int(fields[11]) + int(fields[12])
+        again = _stat_fields(postmaster)
+        if again is None:
+            return None
+        if again[13:15] == own[13:15]:
+            return total
     return total
 
 
