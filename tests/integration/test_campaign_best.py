@@ -6,7 +6,6 @@ TTL counted from there; P0 goes at once; quiet hours are never chosen."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from gov.delivery.vapid import VapidSigner
 from gov.testing import Clock, PushService
 from gov.users import set_time_zone
 from tests.integration.test_best_hours import NOW
+from tests.integration.test_decide import race_once
 from tests.integration.test_timing import curves
 
 BEST = NOW + timedelta(hours=8)  # 20:00 UTC, the hour the crowd of curves() clicks at
@@ -103,25 +103,10 @@ def test_quiet_hours_are_never_chosen(gov: Governor, conn: psycopg.Connection[An
     assert 8 <= local < 22, r.deliver_at
 
 
-def race_once(conns: list[psycopg.Connection[Any]], user: str) -> list[bool]:
-    """Every connection sends its own campaign at best to ``user``, released by one barrier."""
-    barrier = threading.Barrier(len(conns))
-    allowed: list[bool] = []
-    lock = threading.Lock()
-
-    def racer(i: int, c: psycopg.Connection[Any]) -> None:
-        g = Governor(c)
-        barrier.wait()
-        [(_, r)] = g.send_many(sale(mid=f"c{i}"), [user], best_within=DAY)
-        with lock:
-            allowed.append(r.sent)
-
-    threads = [threading.Thread(target=racer, args=(i, c)) for i, c in enumerate(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return allowed
+def send_at_best(g: Governor, i: int, user: str) -> bool:
+    """Racer ``i``'s own campaign at best, to ``user`` alone: was it allowed?"""
+    [(_, r)] = g.send_many(sale(mid=f"c{i}"), [user], best_within=DAY)
+    return r.sent
 
 
 def test_twenty_campaigns_at_best_for_one_fresh_user_allow_exactly_two(db_url: str,
@@ -131,7 +116,7 @@ def test_twenty_campaigns_at_best_for_one_fresh_user_allow_exactly_two(db_url: s
     try:
         for round_no in range(5):
             user = f"fresh-{round_no}"
-            allowed = race_once(conns, user)
+            allowed = race_once(conns, user, send_at_best)
             assert len(allowed) == 20 and allowed.count(True) == 2, f"round {round_no}: {allowed.count(True)}"
             assert conn.execute("SELECT count(*) FROM gov.sends WHERE user_id = %s AND budget = 'P2'",
                                 (user,)).fetchone() == (2,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -259,8 +260,11 @@ ROUNDS = 20
 RACERS = 20
 
 
-def race_once(conns: list[psycopg.Connection[Any]], user: str) -> list[bool]:
-    """Every connection decides a P2 for ``user`` at once, released by one barrier."""
+def race_once(conns: list[psycopg.Connection[Any]], user: str,
+              decide: Callable[[Governor, int, str], bool] | None = None) -> list[bool]:
+    """Every connection decides a P2 for ``user`` at once, released by one barrier.
+    ``decide(governor, i, user)`` says whether racer ``i``'s message was allowed (default:
+    ``Governor.decide`` of message ``m<i>``)."""
     barrier = threading.Barrier(len(conns))
     results: list[bool] = []
     lock = threading.Lock()
@@ -268,9 +272,9 @@ def race_once(conns: list[psycopg.Connection[Any]], user: str) -> list[bool]:
     def racer(i: int, c: psycopg.Connection[Any]) -> None:
         gov = Governor(c)
         barrier.wait()
-        verdict = gov.decide(msg(user, f"m{i}", "P2"))
+        allowed = decide(gov, i, user) if decide is not None else gov.decide(msg(user, f"m{i}", "P2")).allowed
         with lock:
-            results.append(verdict.allowed)
+            results.append(allowed)
 
     threads = [threading.Thread(target=racer, args=(i, c)) for i, c in enumerate(conns)]
     for t in threads:
