@@ -112,7 +112,7 @@ MUTANTS = [
         "claim_outbox_v3 takes outbox rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/40_delivery.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
-            ("sql/migrations/0016_distributable.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
+            ("sql/migrations/0036_claim_plan.sql", "FOR UPDATE OF o SKIP LOCKED", "FOR UPDATE OF o", 1),
         ),
         (
             "tests/integration/test_claim_specs.py::test_two_runners_never_block_on_or_share_an_outbox_row",
