@@ -5,9 +5,10 @@
 -- name: sim_outbox_outcomes
 -- What became of the outbox rows a tick queued, one row per (message, endpoint), in a
 -- fixed order so the engagement draws never depend on which worker delivered first.
+-- Rows by the outbox's key, (user id, id): by id alone the key index is read whole.
 SELECT o.id, o.user_id, o.message_id, o.subscription_id, o.state
-  FROM gov.outbox o
- WHERE o.id = ANY (%(ids)s)
+  FROM unnest(%(users)s::text[], %(ids)s::bigint[]) AS k(user_id, id)
+  JOIN gov.outbox o ON o.user_id = k.user_id AND o.id = k.id
  ORDER BY o.user_id, o.message_id, o.subscription_id;
 
 -- name: sim_dispositions
@@ -166,7 +167,7 @@ SELECT count(*)
 -- Outbox rows queued since the last tick that no call returned: held rows a send released
 -- first because a slot they were owed opened (gov.release_owed), so the runner delivers
 -- them this tick as any other. Only this run's rows, all committed when it is read.
-SELECT o.id FROM gov.outbox o
+SELECT o.user_id, o.id FROM gov.outbox o
  WHERE o.state IN ('pending', 'sending') AND o.next_attempt_at <= %(now)s AND o.id > %(after)s
  ORDER BY o.id;
 

@@ -38,14 +38,21 @@ BUSY_ROUNDS = 40  # rounds of only-busy rows (about 2 s) before leaving them to 
 class ReleaseStats:
     """What a release run did: counts by outcome, and the outbox rows it queued.
 
+    ``outbox_rows`` names each row by the outbox's key, (user id, outbox id): looking rows
+    up by id alone would scan the whole key index.
+
     ``busy`` counts rows left due because their user's lock was held elsewhere until the
     end of the run (a long transaction of the application's own); the next run takes them.
     """
 
     outcomes: Counter[str] = field(default_factory=Counter)
-    outbox_ids: list[int] = field(default_factory=list)
+    outbox_rows: list[tuple[str, int]] = field(default_factory=list)
     delivered: int = 0
     busy: int = 0
+
+    @property
+    def outbox_ids(self) -> list[int]:
+        return [i for _, i in self.outbox_rows]
 
     @property
     def handled(self) -> int:
@@ -105,14 +112,14 @@ class Releaser:
         while True:
             rows = self.release_batch()
             handled = busy = 0
-            for _user, _message, state, outcome, ids in rows:
+            for user, _message, state, outcome, ids in rows:
                 if state == "busy":
                     busy += 1
                     continue
                 handled += 1
                 # a row that is neither waiting nor failed always carries its outcome
                 stats.outcomes[state if state in ("waiting", "failed") else cast(str, outcome)] += 1
-                stats.outbox_ids.extend(ids)
+                stats.outbox_rows.extend((user, i) for i in ids)
             if handled:
                 busy_rounds = 0
                 continue
@@ -125,7 +132,7 @@ class Releaser:
                             extra={"action": "release_busy"})
                 break
             time.sleep(BUSY_PAUSE_S)  # a sender holds the user for a moment: try again shortly
-        if self.dispatcher is not None and stats.outbox_ids:
+        if self.dispatcher is not None and stats.outbox_rows:
             done = self.dispatcher.run_once(ids=stats.outbox_ids)
             stats.delivered = done.outcomes.get("delivered", 0)
         return stats

@@ -66,6 +66,8 @@ from gov.queries import q
 from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
 
+Row = tuple[str, int]  # an outbox row by the outbox's key: (user id, outbox id)
+
 CHILD_SCRIPT = Path(__file__).with_name("_children.py")
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
 UNREACHABLE_CAP = 1_000_000_000
@@ -465,16 +467,18 @@ class Engine:
         next_day = 0
         next_release: datetime | None = None  # the earliest release_at still waiting
         outbox_seen = 0  # the highest outbox id handed to the deliver stage so far
+        # outbox rows are named by the outbox's key, (user id, outbox id), all the way to
+        # sim_outbox_outcomes: by id alone it would scan the whole key index every tick
         gone: frozenset[int] = frozenset()  # who had unsubscribed as of the last finished deliver stage
-        delivering: Future[list[int]] | None = None  # the previous tick's deliver stage
+        delivering: Future[list[Row]] | None = None  # the previous tick's deliver stage
 
         (distributed,) = gov.source.execute(q("distributed"), {})[0]
         # [timing] on: the priors gov.best_slot reads are refreshed at every simulated
         # midnight, as the daily cron a deployment runs (gov.refresh_timing_curves_v1)
         (timing,) = gov.source.execute(q("sim_timing_enabled"), {})[0]
-        early: list[int] = []  # rows the previous deliver stage left in flight, collected early
+        early: list[Row] = []  # rows the previous deliver stage left in flight, collected early
 
-        def send(items: list[Planned]) -> list[tuple[tuple[int, ...], bool]]:
+        def send(items: list[Planned]) -> list[tuple[tuple[Row, ...], bool]]:
             """Decide a lane's messages in order: those planned for one instant in one call.
 
             ``gov.send_batch_v1`` gives each message the verdict it would get alone (a
@@ -482,7 +486,7 @@ class Engine:
             the instant they share. A campaign's thousands of messages at 10:00 are then
             one statement and one commit instead of one each.
             """
-            out: list[tuple[tuple[int, ...], bool]] = []
+            out: list[tuple[tuple[Row, ...], bool]] = []
             start = 0
             while start < len(items):
                 end = start + 1
@@ -492,13 +496,15 @@ class Engine:
                 if len(group) == 1 or distributed:  # a cluster's batch must be one shard's: one by one there
                     for p in group:
                         result = gov.send(p.message, at=p.at, deliver=False)
-                        out.append((result.outbox_ids, result.decision.action in ("defer", "collapse")))
+                        keys = tuple((p.message.user_id, i) for i in result.outbox_ids)
+                        out.append((keys, result.decision.action in ("defer", "collapse")))
                 else:
                     at = group[0].at
                     params = batch_params([send_params(p.message, at) for p in group], at, None)
-                    rows = sorted(gov.source.execute(q("send_batch"), params), key=lambda r: r[0])
-                    assert [r[0] for r in rows] == list(range(1, len(group) + 1)), "one verdict per message"
-                    out.extend((tuple(r[8]), r[2] in ("defer", "collapse")) for r in rows)
+                    verdicts = sorted(gov.source.execute(q("send_batch"), params), key=lambda r: r[0])
+                    assert [r[0] for r in verdicts] == list(range(1, len(group) + 1)), "one verdict per message"
+                    out.extend((tuple((p.message.user_id, i) for i in r[8]), r[2] in ("defer", "collapse"))
+                               for p, r in zip(group, verdicts, strict=True))
                 start = end
             return out
 
@@ -527,12 +533,12 @@ class Engine:
                         due.append(p)
                 self.stats.sent += len(due)
                 results = self._lanes(send_pool, due, lambda p: p.user, send)
-                queued = [oid for ids, _ in results for oid in ids]
+                queued = [row for rows, _ in results for row in rows]
                 held = any(h for _, h in results)
                 # the releaser's cron at the tick's end, on the same clock
                 self.clock.now = now
                 if next_release is not None and next_release <= now:
-                    queued.extend(releaser.run_once().outbox_ids)
+                    queued.extend(releaser.run_once().outbox_rows)
                     held = True
                 if held:  # something entered or left the queue: when is the next release due?
                     (next_release,) = gov.source.execute(q("sim_next_release"), {})[0]
@@ -540,10 +546,10 @@ class Engine:
                     # a send may have released held rows owed the slot first (gov.release_owed):
                     # their outbox rows were returned by no call, so look them up
                     known = set(queued)
-                    queued.extend(i for (i,) in gov.source.execute(q("sim_new_outbox"),
-                                                                    {"now": now, "after": outbox_seen})
-                                  if i not in known)
-                outbox_seen = max([outbox_seen, *queued])
+                    queued.extend((u, i) for u, i in gov.source.execute(q("sim_new_outbox"),
+                                                                         {"now": now, "after": outbox_seen})
+                                  if (u, i) not in known)
+                outbox_seen = max([outbox_seen, *(i for _, i in queued)])
                 carried = early + (delivering.result() if delivering is not None else [])
                 early = []
                 gone = frozenset(self.unsubscribed)
@@ -555,20 +561,21 @@ class Engine:
 
     # ------------------------------------------------------------ delivery and engagement
 
-    def _deliver(self, gov: Governor, runners: Runners, ids: list[int], now: datetime) -> list[int]:
-        """Deliver the outbox rows ``ids`` as of ``now``, then users react; return the rows still in flight."""
-        if not ids:
+    def _deliver(self, gov: Governor, runners: Runners, keys: list[Row], now: datetime) -> list[Row]:
+        """Deliver the outbox rows ``keys`` as of ``now``, then users react; return the rows still in flight."""
+        if not keys:
             return []
         # only rows this simulation queued: an idle tick costs no claim at all
-        runners.run(now, ids)
-        rows = gov.source.execute(q("sim_outbox_outcomes"), {"ids": ids})
-        pending: list[int] = []
+        runners.run(now, [i for _, i in keys])
+        rows = gov.source.execute(q("sim_outbox_outcomes"),
+                                  {"users": [u for u, _ in keys], "ids": [i for _, i in keys]})
+        pending: list[Row] = []
         messages: list[tuple[str, str, int]] = []  # (user, message, the endpoint the user looks at)
         group: list[tuple[Any, ...]] = []
         for row in [*rows, None]:
             if group and (row is None or (row[1], row[2]) != (group[0][1], group[0][2])):
                 if any(r[4] in ("pending", "sending") for r in group):
-                    pending.extend(r[0] for r in group)  # a retry is due later: look again next tick
+                    pending.extend((r[1], r[0]) for r in group)  # a retry is due later: look again next tick
                 else:
                     subs = [r[3] for r in group if r[4] == "delivered"]
                     if subs:
