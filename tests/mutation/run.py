@@ -101,8 +101,8 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            # (release_due_v2 as migration 0030 last made it)
-            ("sql/migrations/0030_best_slot.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            # (release_due_v2 as migration 0037 last made it)
+            ("sql/migrations/0037_release_plan.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -292,7 +292,7 @@ MUTANTS = [
         "the release order back to release time and id (no earliest deadline first, no tier tie-break)",
         (
             ("sql/schema/30_hold_release.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
-            ("sql/migrations/0028_release_order.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+            ("sql/migrations/0037_release_plan.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
         ),
         (
             "tests/integration/test_release_order.py::test_the_slot_goes_to_the_nearest_deadline",
@@ -383,7 +383,7 @@ MUTANTS = [
         "a release that is held again or ends keeps the minute's place it took",
         tuple(
             (f, "SET used = m.used - 1 WHERE", "SET used = m.used WHERE", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         ("tests/integration/test_release_capacity.py::test_a_release_that_does_not_go_gives_its_place_back",),
     ),
@@ -392,7 +392,7 @@ MUTANTS = [
         "gov.release_due_v2 never reads [release] per_minute: every due row goes in its minute",
         tuple(
             (f, "v_cap     integer := gov.release_minute_cap();", "v_cap     integer := NULL;", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0030_best_slot.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_release_capacity.py::test_no_minute_gets_more_than_the_capacity",
@@ -405,7 +405,7 @@ MUTANTS = [
         tuple(
             (f, ' AND gov.quiet_until(p_user_id, c.t) = c.t',
              '', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_timing.py::test_quiet_hours_are_never_chosen",
@@ -417,7 +417,7 @@ MUTANTS = [
         tuple(
             (f, "        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');",
              '        NULL;', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_timing.py::test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never",
@@ -429,7 +429,7 @@ MUTANTS = [
         tuple(
             (f, '(coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20)',
              'coalesce(g.estimate, p.estimate)', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_timing.py::test_a_users_own_clicks_beat_the_population",
@@ -441,7 +441,7 @@ MUTANTS = [
         tuple(
             (f, 'IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN',
              'IF false THEN', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_timing.py::test_an_explored_share_goes_at_a_drawn_hour_and_says_so",
@@ -453,7 +453,7 @@ MUTANTS = [
         tuple(
             (f, "IF (v_set.timing_enabled IS NOT TRUE AND NOT p_asked) OR p_tier = 'P0' THEN",
              "IF (v_set.timing_enabled IS NOT TRUE) OR p_tier = 'P0' THEN", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0035_campaign_at_best.sql")
+            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
         ),
         (
             "tests/integration/test_campaign_best.py::"
