@@ -49,7 +49,6 @@ _TTL = re.compile(r"[0-9]{1,10}")
 _PATH = re.compile(r"/push/([A-Za-z0-9_-]+)")
 # Bodies larger than this are refused without being read at all.
 _READ_CAP = 64 * 1024
-_VERIFIED_CAP = 1024  # verified tokens remembered (a sender has one per push service origin)
 _AES128GCM_HEADER = 21  # salt(16) + rs(4) + idlen(1), then the key id
 
 #: A scripted answer: a status, ``(status, headers)``, ``(status, headers, body)``,
@@ -194,10 +193,6 @@ class PushService:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._endpoints: dict[str, _Endpoint] = {}
-        # (k, t) -> the claims of a token whose ES256 signature verified under k: a verify is
-        # deterministic, and a sender reuses one token for hours (RFC 8292 section 2), so it is
-        # checked once; aud, exp and sub are checked on every request, against the clock.
-        self._verified: dict[tuple[str, str], dict[str, Any]] = {}
         self._received: list[Received] = []
         self._connections: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
@@ -383,19 +378,10 @@ class PushService:
             key_bytes = _unb64url(fields["k"])
             if len(key_bytes) != 65 or key_bytes[0] != 4:
                 raise ValueError("not an uncompressed point")
+            key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key_bytes)
         except ValueError:
             raise _Refused(401, "k is not a P-256 public key") from None
-        claims = self._verified.get((fields["k"], fields["t"]))
-        if claims is None:
-            try:
-                key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key_bytes)
-            except ValueError:
-                raise _Refused(401, "k is not a P-256 public key") from None
-            claims = _verify_jwt(fields["t"], key)
-            with self._lock:
-                if len(self._verified) >= _VERIFIED_CAP:
-                    self._verified.clear()
-                self._verified[(fields["k"], fields["t"])] = claims
+        claims = _verify_jwt(fields["t"], key)
         now = self.clock()
         if claims.get("aud") != self.origin:
             raise _Refused(401, f"aud {claims.get('aud')!r} is not {self.origin!r}")
