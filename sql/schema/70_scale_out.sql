@@ -149,6 +149,127 @@ $$;
 
 -- ---------------------------------------------------------------- distributing
 
+-- The decision on the user's own shard tables (issue 28, item 2; docs/scale-out.md, "The
+-- decision on the user's shard"). On a worker, every statement of gov.decide_core that
+-- names a Citus table goes through Citus's planner and executor, call after call: about
+-- three quarters of a delegated decision's CPU. This makes, for each shard of gov.users,
+-- a copy of gov.decide_core over that shard's colocated tables by name (and the reference
+-- tables' local copies), which PostgreSQL plans once per session like the one-server
+-- function, and puts in front of them a dispatcher, gov.decide_core, that runs the copy
+-- when the user's shard is on this node, under Citus's own metadata lock against a move
+-- and a placement check, and Citus's path (gov.decide_core_citus, the body as the
+-- migrations wrote it) otherwise: on the coordinator inside an app's transaction, for a
+-- role that does not own the tables (Citus grants its lock to the owner only), for a shard
+-- made after the binding (a split; `gov db upgrade` binds again). The copies are made from
+-- the body's own text, so there is no second implementation of any rule: a migration that
+-- replaces gov.decide_core replaces the dispatcher, and gov.distribute_v1, which runs
+-- after every upgrade, binds the new body again. Nothing on one server.
+CREATE FUNCTION gov.bind_shard_decisions() RETURNS SETOF text
+LANGUAGE plpgsql AS $bind$
+DECLARE
+    c_core   CONSTANT regprocedure := 'gov.decide_core(text,text,text,text,text,timestamptz,boolean)'::regprocedure;
+    c_mark   CONSTANT text := '-- gov:shard-dispatch';
+    c_lock   CONSTANT text := 'PERFORM gov.cluster_user_lock(p_user_id);';
+    v_src    text;
+    v_args   text;
+    v_result text;
+    v_call   text;
+    v_body   text;
+    v_owner  name;
+    v_cases  text := '';
+    v_users  text;
+    v_seq    text;
+    r_shard  record;
+    r_table  record;
+    v_n      integer := 0;
+BEGIN
+    IF NOT gov.distributed() THEN
+        RETURN;
+    END IF;
+    SELECT p.prosrc, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)
+      INTO v_src, v_args, v_result
+      FROM pg_proc p WHERE p.oid = c_core;
+    IF position(c_mark IN v_src) > 0 THEN
+        -- already the dispatcher: bind the body it dispatches to (shards may be new)
+        SELECT p.prosrc INTO v_src FROM pg_proc p
+         WHERE p.oid = 'gov.decide_core_citus(text,text,text,text,text,timestamptz,boolean)'::regprocedure;
+    ELSE
+        -- the body as the migrations wrote it, kept as Citus's path
+        EXECUTE format('CREATE OR REPLACE FUNCTION gov.decide_core_citus(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+                       v_args, v_result, v_src);
+    END IF;
+    IF position(c_lock IN v_src) = 0 THEN
+        RETURN NEXT 'gov.decide_core: not bound to the shards (its body takes the user''s lock differently)';
+        RETURN;
+    END IF;
+    SELECT pg_get_userbyid(c.relowner) INTO v_owner FROM pg_class c WHERE c.oid = 'gov.users'::regclass;
+    v_seq := pg_get_serial_sequence('gov.push_suppressions', 'id');
+    v_call := '(p_user_id, p_message_id, p_tier, p_topic, p_campaign_id, p_now, p_release)';
+    FOR r_shard IN
+        SELECT s.shardid, s.shardminvalue FROM pg_dist_shard s
+         WHERE s.logicalrelid = 'gov.users'::regclass ORDER BY s.shardid
+    LOOP
+        v_users := shard_name('gov.users'::regclass, r_shard.shardid);
+        -- the user's lock: gov.cluster_user_lock's statements on the user's own row
+        v_body := replace(v_src, c_lock, format(
+            'INSERT INTO %1$s (user_id) VALUES (p_user_id) ON CONFLICT DO NOTHING; '
+            'PERFORM 1 FROM %1$s u WHERE u.user_id = p_user_id FOR UPDATE;', v_users));
+        -- a suppression's id from the identity's sequence, as Citus's own insert takes it
+        -- (a shard's column has no default: Citus fills it in before routing)
+        v_body := regexp_replace(v_body, 'INSERT INTO gov\.push_suppressions \(([^)]*)\)\s*VALUES \(',
+                                 format('INSERT INTO gov.push_suppressions (id, \1) VALUES (nextval(%L::regclass), ',
+                                        v_seq));
+        -- every Citus table by its shard here: the user's shard of each colocated table,
+        -- the single shard of each reference table
+        FOR r_table IN
+            SELECT p.logicalrelid::regclass::text AS name,
+                   shard_name(p.logicalrelid, s.shardid) AS shard
+              FROM pg_dist_partition p
+              JOIN pg_dist_shard s ON s.logicalrelid = p.logicalrelid
+             WHERE p.logicalrelid::regclass::text LIKE 'gov.%'
+               AND (p.partmethod = 'n' OR s.shardminvalue = r_shard.shardminvalue)
+             ORDER BY length(p.logicalrelid::regclass::text) DESC
+        LOOP
+            -- (a %ROWTYPE keeps the Citus table's name: the same columns, resolved where the
+            -- function is made, on a node that may hold no shard)
+            v_body := regexp_replace(v_body, replace(r_table.name, '.', '\.') || '\M(?!%ROWTYPE)', r_table.shard, 'g');
+        END LOOP;
+        -- (no force_generic_plan, as on one server: it would hold for gov.quiet_until's
+        -- statements too, whose generic plans Citus cannot route)
+        EXECUTE format('CREATE OR REPLACE FUNCTION gov.decide_core_%s(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+                       r_shard.shardid, v_args, v_result, v_body);
+        v_cases := v_cases || format(E'\n                WHEN %s THEN RETURN QUERY SELECT * FROM gov.decide_core_%s%s; RETURN;',
+                                     r_shard.shardid, r_shard.shardid, v_call);
+        v_n := v_n + 1;
+    END LOOP;
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION gov.decide_core(%1$s) RETURNS %2$s LANGUAGE plpgsql AS $d$
+%3$s (made by gov.bind_shard_decisions: the decision on the user's own shard tables)
+DECLARE
+    v_shard bigint;
+BEGIN
+    IF p_user_id IS NOT NULL AND p_user_id <> '' AND pg_has_role(%4$L, 'USAGE') THEN
+        v_shard := get_shard_id_for_distribution_column('gov.users', p_user_id);
+        IF EXISTS (SELECT 1 FROM pg_dist_placement pl
+                    WHERE pl.shardid = v_shard AND pl.groupid = (SELECT g.groupid FROM pg_dist_local_group g)) THEN
+            -- Citus's lock against a move (a move switches placements under an exclusive
+            -- lock on the shard group's metadata), then the placement again under it
+            PERFORM lock_shard_metadata(5, ARRAY[v_shard]);
+            IF EXISTS (SELECT 1 FROM pg_dist_placement pl
+                        WHERE pl.shardid = v_shard
+                          AND pl.groupid = (SELECT g.groupid FROM pg_dist_local_group g)) THEN
+                CASE v_shard%5$s
+                ELSE NULL;  -- a shard made after the binding: Citus's path
+                END CASE;
+            END IF;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM gov.decide_core_citus%6$s;
+END;
+$d$$f$, v_args, v_result, c_mark, v_owner, v_cases, v_call);
+    RETURN NEXT format('gov.decide_core: on the user''s own shard tables (%s shards)', v_n);
+END;
+$bind$;
+
 -- Distribute the schema on a Citus cluster (called by `gov db upgrade` after the
 -- migrations; it changes only what is not distributed yet, so it runs after every
 -- upgrade). Returns what it did, one line per table or function. Does nothing on a
@@ -305,5 +426,8 @@ BEGIN
         PERFORM create_distributed_function(v_fn);
         RETURN NEXT v_fn::text || ': on every node';
     END LOOP;
+    -- the decision on the user's own shard tables (gov.bind_shard_decisions), again after
+    -- every upgrade: a migration may have replaced the body, a split made new shards
+    RETURN QUERY SELECT * FROM gov.bind_shard_decisions();
 END;
 $$;

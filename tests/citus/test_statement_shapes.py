@@ -1,4 +1,4 @@
-"""A decision on a worker runs only statements on the user's own shard through Citus.
+"""A decision on a worker runs no statement through Citus; its Citus path only the user's shard's.
 
 Citus plans every statement that names one of its tables in its own planner. For a
 fast-path statement on the user's shard (one table, the user id as key) the shard query is
@@ -10,13 +10,17 @@ gov.distribute_v1 binds to the tables' local copies, plain tables to PostgreSQL;
 probe only when its condition can hold; and inserts send rows one VALUES at a time.
 
 Citus's own counter of single-shard executions, read on the worker that holds the user,
-counts the statements that still pass through Citus: the plain decision's ten are all
+counts the statements that still pass through Citus. On that worker gov.decide_core runs
+the copy of the decision over the user's own shard tables by name
+(gov.bind_shard_decisions): none. Citus's path (gov.decide_core_citus: the coordinator in an
+app's transaction, a role that does not own the tables) makes the plain decision's ten, all
 fast-path statements on the user's shard (below). Before this shape the same decision
 made fourteen, four of them policy reads planned per call.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -42,14 +46,24 @@ def _executions(worker: psycopg.Connection[Any]) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _per_decision(db_url: str, port: int, users: list[str], topic: str | None) -> float:
+def _per_decision(db_url: str, port: int, users: list[str], topic: str | None, *, citus_path: bool = False) -> float:
+    """Citus's single-shard executions per decision, on the worker ``port`` that holds ``users``:
+    through gov.decide_v1 (the dispatcher), or Citus's path called as it is."""
     with psycopg.connect(at_port(db_url, port), autocommit=True) as worker:
         worker.execute("SET citus.enable_stat_counters = on")
         g = Governor(worker)
-        g.decide(Message(user_id=users[0], id="warm", tier="P2", topic=topic))  # the session's first plans
+
+        def decide(user: str, message: str) -> bool:
+            if not citus_path:
+                return g.decide(Message(user_id=user, id=message, tier="P2", topic=topic)).allowed
+            row = worker.execute("SELECT allowed FROM gov.decide_core_citus(%s, %s, 'P2', %s, NULL, NULL, false)",
+                                 (user, message, topic)).fetchone()
+            return bool(row and row[0])
+
+        decide(users[0], "warm")  # the session's first plans
         before = _executions(worker)
         for u in users[1:]:
-            assert g.decide(Message(user_id=u, id="m1", tier="P2", topic=topic)).allowed
+            assert decide(u, "m1")
         after = _executions(worker)
     assert after[1] == before[1], "a decision ran a statement over several shards"
     return (after[0] - before[0]) / (len(users) - 1)
@@ -69,14 +83,49 @@ def test_the_policy_reads_are_bound_to_the_local_copies(conn: psycopg.Connection
         assert citus == 0 and conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,), (name, table)
 
 
+def test_a_decision_on_the_users_worker_runs_no_statement_through_citus(db_url: str,
+                                                                       conn: psycopg.Connection[Any]) -> None:
+    for port, topic in zip(_workers(conn), (None, "news"), strict=True):
+        users = _users_on(conn, port, f"bound-{topic}-", 21)
+        assert _per_decision(db_url, port, users, topic) == 0, topic
+
+
+def test_every_shard_has_its_decision_over_its_own_tables(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """One copy per shard of gov.users on every node, naming that shard's colocated tables and
+    no Citus table (but in a %ROWTYPE, a type); the dispatcher names every copy."""
+    shards = conn.execute("SELECT s.shardid, s.shardminvalue FROM pg_dist_shard s"
+                          " WHERE s.logicalrelid = 'gov.users'::regclass ORDER BY 1").fetchall()
+    tables = [t for (t,) in conn.execute("SELECT logicalrelid::regclass::text FROM pg_dist_partition"
+                                         " WHERE logicalrelid::regclass::text LIKE 'gov.%'").fetchall()]
+    assert "gov.messages" in tables and "gov.sends" in tables
+    for port in _workers(conn):
+        with psycopg.connect(at_port(db_url, port), autocommit=True) as worker:
+            copies: dict[str, str] = dict(worker.execute(
+                "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = 'gov'::regnamespace"
+                " AND proname ~ '^decide_core_[0-9]+$'").fetchall())
+            assert sorted(copies) == sorted(f"decide_core_{shard}" for shard, _ in shards)
+            (dispatcher,) = worker.execute("SELECT prosrc FROM pg_proc WHERE oid = 'gov.decide_core(text,text,text,"
+                                           "text,text,timestamptz,boolean)'::regprocedure").fetchone() or ("",)
+            for shard, minvalue in shards:
+                source = copies[f"decide_core_{shard}"]
+                assert f"gov.decide_core_{shard}(" in dispatcher
+                (messages,) = worker.execute(
+                    "SELECT shard_name('gov.messages', s.shardid) FROM pg_dist_shard s"
+                    " WHERE s.logicalrelid = 'gov.messages'::regclass AND s.shardminvalue = %s",
+                    (minvalue,)).fetchone() or ("",)
+                assert f"{messages} " in source
+                for table in tables:
+                    assert not re.search(re.escape(table) + r"(?!_|%ROWTYPE)", source), (shard, table)
+
+
 def test_a_plain_decision_runs_only_its_shards_statements_through_citus(db_url: str,
                                                                        conn: psycopg.Connection[Any]) -> None:
     port = _workers(conn)[0]
     users = _users_on(conn, port, "shape", 21)
-    assert _per_decision(db_url, port, users, None) == PLAIN_ALLOWED
+    assert _per_decision(db_url, port, users, None, citus_path=True) == PLAIN_ALLOWED
 
 
 def test_a_decision_with_a_topic_adds_only_its_opt_out_probe(db_url: str, conn: psycopg.Connection[Any]) -> None:
     port = _workers(conn)[-1]
     users = _users_on(conn, port, "topical", 21)
-    assert _per_decision(db_url, port, users, "news") == WITH_TOPIC
+    assert _per_decision(db_url, port, users, "news", citus_path=True) == WITH_TOPIC

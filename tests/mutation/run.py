@@ -336,9 +336,35 @@ MUTANTS = [
         tuple(
             (f, "            PERFORM gov.bind_policy_reads(v_copies[1], v_copies[2], v_copies[3]);",
              "            PERFORM gov.bind_policy_reads('gov.tiers', 'gov.caps', 'gov.compiled_rules', true);", 1)
-            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0034_cluster_statements.sql")
+            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0038_shard_decisions.sql")
         ),
         ("-m", "citus", "tests/citus/test_statement_shapes.py"),
+    ),
+    Mutant(
+        "cs1_shard_decision_without_the_users_row_lock",
+        "the decision on the user's shard tables takes only the node's advisory lock, not the user's row: "
+        "a decision in an app's transaction on the coordinator (Citus's path) no longer waits for it",
+        tuple(
+            (f, "'PERFORM 1 FROM %1$s u WHERE u.user_id = p_user_id FOR UPDATE;', v_users));",
+             "'PERFORM 1 FROM %1$s u WHERE u.user_id = p_user_id;', v_users));", 1)
+            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0038_shard_decisions.sql")
+        ),
+        ("-m", "citus", "tests/citus/test_cluster.py::"
+                        "test_a_race_of_delegated_decisions_and_decisions_in_the_apps_transaction_is_exact"),
+    ),
+    Mutant(
+        "cs2_shard_decisions_never_dispatched",
+        "the dispatcher never finds the user's shard on its node: every decision takes Citus's path, "
+        "its ten statements through Citus's planner again",
+        tuple(
+            (f, "        IF EXISTS (SELECT 1 FROM pg_dist_placement pl\n"
+                "                    WHERE pl.shardid = v_shard AND pl.groupid",
+             "        IF false AND EXISTS (SELECT 1 FROM pg_dist_placement pl\n"
+             "                    WHERE pl.shardid = v_shard AND pl.groupid", 1)
+            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0038_shard_decisions.sql")
+        ),
+        ("-m", "citus", "tests/citus/test_statement_shapes.py::"
+                        "test_a_decision_on_the_users_worker_runs_no_statement_through_citus"),
     ),
     Mutant(
         "ct2_probe_joined_to_its_condition",
