@@ -104,18 +104,15 @@ DECLARE
 BEGIN
     IF p_user_id IS NOT NULL AND p_user_id <> '' AND pg_has_role(%4$L, 'USAGE') THEN
         v_shard := get_shard_id_for_distribution_column('gov.users', p_user_id);
+        -- Citus's lock against a move (a move switches placements under an exclusive lock
+        -- on the shard group's metadata; this share lock only holds one back until the
+        -- decision commits), then the placement, read under it
+        PERFORM lock_shard_metadata(5, ARRAY[v_shard]);
         IF EXISTS (SELECT 1 FROM pg_dist_placement pl
                     WHERE pl.shardid = v_shard AND pl.groupid = (SELECT g.groupid FROM pg_dist_local_group g)) THEN
-            -- Citus's lock against a move (a move switches placements under an exclusive
-            -- lock on the shard group's metadata), then the placement again under it
-            PERFORM lock_shard_metadata(5, ARRAY[v_shard]);
-            IF EXISTS (SELECT 1 FROM pg_dist_placement pl
-                        WHERE pl.shardid = v_shard
-                          AND pl.groupid = (SELECT g.groupid FROM pg_dist_local_group g)) THEN
-                CASE v_shard%5$s
-                ELSE NULL;  -- a shard made after the binding: Citus's path
-                END CASE;
-            END IF;
+            CASE v_shard%5$s
+            ELSE NULL;  -- a shard made after the binding: Citus's path
+            END CASE;
         END IF;
     END IF;
     RETURN QUERY SELECT * FROM gov.decide_core_citus%6$s;
