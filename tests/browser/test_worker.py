@@ -288,6 +288,24 @@ def test_click_and_close_beacons(
     assert [(r[1], r[2]) for r in rows if r[2] == "unsubscribe"] == [("c2", "unsubscribe")]
 
 
+def test_the_notification_shown_last_stays_last_whatever_order_its_writes_end(
+    open_browser: Callable[..., Browser], push_service: PushService,
+) -> None:
+    """gov.unsubscribe() charges the notification shown last. Two pushes handled at once write
+    it in either order (each after its own awaits): the one shown earlier, written later,
+    must not replace it."""
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()  # registers the worker
+    last = browser.worker().evaluate("""async () => {
+        await self.gov.keepLast({ messageId: 'shown-second', subscriptionId: 1, token: 't2' }, 2000);
+        await self.gov.keepLast({ messageId: 'shown-first', subscriptionId: 1, token: 't1' }, 1000);
+        const kept = await self.gov.kv('last');
+        await self.gov.keepLast({ messageId: 'shown-third', subscriptionId: 1, token: 't3' }, 3000);
+        return [kept.messageId, (await self.gov.kv('last')).messageId];
+    }""")
+    assert last == ["shown-second", "shown-third"]
+
+
 def test_pushsubscriptionchange_sends_the_new_subscription(
     open_browser: Callable[..., Browser], push_service: PushService, conn: psycopg.Connection[Any],
 ) -> None:

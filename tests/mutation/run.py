@@ -330,6 +330,14 @@ MUTANTS = [
         ("tests/integration/test_best_hours.py::test_a_segment_with_its_own_hours_is_the_prior_of_its_users",),
     ),
     Mutant(
+        "sw1_last_shown_overwritten_by_an_older_one",
+        "the worker keeps as the last notification shown whichever write ends last: with two pushes "
+        "handled at once, gov.unsubscribe() may charge the older one",
+        (("gov/http/static/gov-sw.js", "if (!old || !(old.shownAt > shownAt)) store.put(",
+          "if (old || true) store.put(", 1),),
+        ("tests/browser/test_worker.py::test_the_notification_shown_last_stays_last_whatever_order_its_writes_end",),
+    ),
+    Mutant(
         "ct1_policy_reads_through_citus",
         "on a Citus cluster the decision's policy reads stay on the reference tables: Citus plans each of "
         "them again on every call (four more statements per decision through its planner)",

@@ -66,12 +66,34 @@
     }
     return { messageId: data.id, subscriptionId: data.sub, token: data.token };
   }
+  // The notification shown last, which gov.unsubscribe() charges: kept by the moment it was
+  // shown, read and written in one transaction, so two pushes handled at once (their beacons
+  // answered in either order) never leave the older one as the last.
+  async function keepLast(one, shownAt) {
+    const conn = await db();
+    try {
+      await new Promise((resolve, reject) => {
+        const tx = conn.transaction('kv', 'readwrite');
+        const store = tx.objectStore('kv');
+        const req = store.get('last');
+        req.onsuccess = () => {
+          const old = req.result;
+          if (!old || !(old.shownAt > shownAt)) store.put(Object.assign({ shownAt }, one), 'last');
+        };
+        tx.oncomplete = () => resolve();
+        tx.onerror = () => reject(tx.error);
+      });
+    } finally {
+      conn.close();
+    }
+  }
   async function beacon(event, data) {
+    const at = performance.timeOrigin + performance.now(); // a display beacon is sent once it is shown
     const who = await me();
     const one = delivery(data);
     if (!who.userId || !one) return; // not subscribed through gov.js, or no token: gov would refuse it
+    if (event === 'display') await keepLast(one, at).catch(() => {});
     await post(who.events || config.events, Object.assign({ userId: who.userId, event }, one));
-    if (event === 'display') await kv('last', one).catch(() => {}); // gov.unsubscribe() charges it
   }
   async function reportError(detail, data) {
     const who = await me();
@@ -168,5 +190,5 @@
     self.addEventListener('install', () => self.skipWaiting());
     self.addEventListener('activate', (e) => e.waitUntil(self.clients.claim()));
   }
-  self.gov = { onPush, onClick, onClose, onSubscriptionChange, kv }; // for your own worker, and for tests
+  self.gov = { onPush, onClick, onClose, onSubscriptionChange, kv, keepLast }; // for your own worker, and for tests
 })();
