@@ -129,3 +129,31 @@ def test_a_decision_with_a_topic_adds_only_its_opt_out_probe(db_url: str, conn: 
     port = _workers(conn)[-1]
     users = _users_on(conn, port, "topical", 21)
     assert _per_decision(db_url, port, users, "news", citus_path=True) == WITH_TOPIC
+
+
+def test_a_role_that_does_not_own_the_tables_decides_through_citus_s_path(
+        db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """Citus grants its metadata lock to the tables' owner only: an app role with the rights
+    to read and write gov's tables (not their owner) decides through Citus's path, exactly."""
+    role = "gov_shape_app"
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {role}")
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            admin.execute(f"GRANT USAGE ON SCHEMA gov TO {role}")
+            admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA gov TO {role}")
+            admin.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA gov TO {role}")
+            for port in _workers(conn):
+                users = _users_on(conn, port, f"app-{port}-", 3)
+                url = at_port(db_url, port).replace("postgres@", f"{role}@", 1)
+                with psycopg.connect(url, autocommit=True) as app:
+                    g = Governor(app)
+                    for user in users:  # P2's 2 a day: the third is suppressed, wherever it is decided
+                        assert [g.decide(Message(user_id=user, id=f"m{i}", tier="P2")).allowed
+                                for i in range(3)] == [True, True, False], (port, user)
+                    (single,) = app.execute(
+                        "SELECT count(*) FROM gov.sends WHERE user_id = ANY(%s)", (users,)).fetchone() or (0,)
+                    assert single == 2 * 2 * len(users)  # P2's and P1's budgets, two allowed each
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")

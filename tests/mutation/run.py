@@ -361,6 +361,18 @@ MUTANTS = [
                         "test_a_race_of_delegated_decisions_and_decisions_in_the_apps_transaction_is_exact"),
     ),
     Mutant(
+        "cs3_shard_decision_for_any_role",
+        "the dispatcher takes Citus's metadata lock for any role: one that does not own the tables "
+        "(Citus grants the lock to the owner only) can no longer decide on a cluster",
+        tuple(
+            (f, "IF p_user_id IS NOT NULL AND p_user_id <> '' AND pg_has_role(%4$L, 'USAGE') THEN",
+             "IF p_user_id IS NOT NULL AND p_user_id <> '' THEN", 1)
+            for f in ("sql/schema/70_scale_out.sql", "sql/migrations/0038_shard_decisions.sql")
+        ),
+        ("-m", "citus", "tests/citus/test_statement_shapes.py::"
+                        "test_a_role_that_does_not_own_the_tables_decides_through_citus_s_path"),
+    ),
+    Mutant(
         "cs2_shard_decisions_never_dispatched",
         "the dispatcher never finds the user's shard on its node: every decision takes Citus's path, "
         "its ten statements through Citus's planner again",
@@ -550,7 +562,9 @@ def apply(where: Path, mutant: Mutant) -> None:
 def run_tests(where: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(where)}
     return subprocess.run(
-        [str(PYTHON), "-m", "pytest", "-q", "--timeout", "120", *tests],
+        # a base directory of its own: pytest keeps only the newest three under
+        # /tmp/pytest-of-<user>, so a session beside another (CI) would delete that one's
+        [str(PYTHON), "-m", "pytest", "-q", "--timeout", "120", "--basetemp", str(where / ".pytest-tmp"), *tests],
         cwd=where, env=env, capture_output=True, text=True,
     )
 
