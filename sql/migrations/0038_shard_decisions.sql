@@ -89,8 +89,8 @@ BEGIN
             -- function is made, on a node that may hold no shard)
             v_body := regexp_replace(v_body, replace(r_table.name, '.', '\.') || '\M(?!%ROWTYPE)', r_table.shard, 'g');
         END LOOP;
-        -- (no force_generic_plan, as on one server: it would hold for gov.quiet_until's
-        -- statements too, whose generic plans Citus cannot route)
+        -- (without the one-server body's force_generic_plan: the setting would hold for
+        -- gov.quiet_until's statements too, whose generic plans Citus cannot route)
         EXECUTE format('CREATE OR REPLACE FUNCTION gov.decide_core_%s(%s) RETURNS %s LANGUAGE plpgsql AS %L',
                        r_shard.shardid, v_args, v_result, v_body);
         v_cases := v_cases || format(E'\n                WHEN %s THEN RETURN QUERY SELECT * FROM gov.decide_core_%s%s; RETURN;',
