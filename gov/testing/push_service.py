@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from gov.errors import ConfigurationError
 MAX_BODY_BYTES = 4096
 #: Largest ``exp`` a token may carry, counted from now (RFC 8292 section 2).
 MAX_TOKEN_AHEAD_S = 24 * 3600
+_MAX_VERIFIED_TOKENS = 1024
 _URGENCIES = frozenset({"very-low", "low", "normal", "high"})
 _TOPIC = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _TTL = re.compile(r"[0-9]{1,10}")
@@ -195,6 +197,11 @@ class PushService:
         self._endpoints: dict[str, _Endpoint] = {}
         self._received: list[Received] = []
         self._connections: set[socket.socket] = set()
+        # tokens whose ES256 signature verified, by (k, t): a runner reuses one token per
+        # origin for hours, and the signature of the same bytes verifies the same way every
+        # time; aud, exp, sub and the subscription's key are still checked on every request
+        self._verified: dict[tuple[str, str], tuple[bytes, dict[str, Any]]] = {}
+        self._message_ids = itertools.count(1)  # a delivered message's Location
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -374,14 +381,15 @@ class PushService:
             fields[name] = value
         if set(fields) != {"t", "k"}:
             raise _Refused(401, "Authorization needs exactly t= and k=")
-        try:
-            key_bytes = _unb64url(fields["k"])
-            if len(key_bytes) != 65 or key_bytes[0] != 4:
-                raise ValueError("not an uncompressed point")
-            key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key_bytes)
-        except ValueError:
-            raise _Refused(401, "k is not a P-256 public key") from None
-        claims = _verify_jwt(fields["t"], key)
+        known = self._verified.get((fields["k"], fields["t"]))
+        if known is not None:
+            key_bytes, claims = known
+        else:
+            key_bytes, claims = _verify_token(fields["k"], fields["t"])
+            with self._lock:
+                if len(self._verified) >= _MAX_VERIFIED_TOKENS:
+                    self._verified.clear()  # bounded: a client minting tokens only costs checks
+                self._verified[(fields["k"], fields["t"])] = (key_bytes, claims)
         now = self.clock()
         if claims.get("aud") != self.origin:
             raise _Refused(401, f"aud {claims.get('aud')!r} is not {self.origin!r}")
@@ -399,7 +407,19 @@ class PushService:
         expected = entry.subscription.application_server_key
         if expected is not None and key_bytes != _unb64url(expected):
             raise _Refused(403, "k is not the key this subscription was created with")
-        return claims
+        return dict(claims)  # a copy: the cached claims are shared by every request with the token
+
+
+def _verify_token(k: str, token: str) -> tuple[bytes, dict[str, Any]]:
+    """The public key ``k`` (raw bytes) and the claims of ``token``, whose signature it verifies."""
+    try:
+        key_bytes = _unb64url(k)
+        if len(key_bytes) != 65 or key_bytes[0] != 4:
+            raise ValueError("not an uncompressed point")
+        key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key_bytes)
+    except ValueError:
+        raise _Refused(401, "k is not a P-256 public key") from None
+    return key_bytes, _verify_jwt(token, key)
 
 
 def _verify_jwt(token: str, key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
@@ -473,10 +493,14 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, so connection reuse is observable
     server_version = "gov-test-push/1"
 
+    # A buffered writer: the status line, headers and body of an answer leave in one
+    # write when handle_one_request flushes (one loopback segment, not two sends).
+    wbufsize = -1
+
     def setup(self) -> None:
         super().setup()
-        # Headers and body leave in two writes; without NODELAY, Nagle plus the
-        # client's delayed ACK adds ~40 ms to every answer that has a body.
+        # Without NODELAY, Nagle plus the client's delayed ACK would hold back any
+        # answer written in more than one piece by ~40 ms.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         service: PushService = self.server.push_service  # type: ignore[attr-defined]
         with service._lock:
@@ -542,7 +566,7 @@ class _Handler(BaseHTTPRequestHandler):
             record(status)
             reply_headers = dict(answer.headers)
             if 200 <= status <= 299:
-                location = f"{service.origin}/message/{secrets.token_urlsafe(8)}"
+                location = f"{service.origin}/message/{next(service._message_ids)}"
                 reply_headers = {"Location": location, **reply_headers}
             reply = answer.body
             if reply is None:

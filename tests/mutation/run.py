@@ -338,6 +338,21 @@ MUTANTS = [
         ("tests/browser/test_worker.py::test_the_notification_shown_last_stays_last_whatever_order_its_writes_end",),
     ),
     Mutant(
+        "ps1_verified_token_by_token_alone",
+        "the loopback push service remembers a verified VAPID token by the token alone: the same token "
+        "under another public key is accepted without a signature check",
+        (("gov/testing/push_service.py", 'known = self._verified.get((fields["k"], fields["t"]))',
+          'known = next((v for (k, t), v in self._verified.items() if t == fields["t"]), None)', 1),),
+        ("tests/unit/test_push.py::test_a_token_that_verified_once_is_still_checked_on_every_request",),
+    ),
+    Mutant(
+        "ps2_verified_token_skips_the_claims",
+        "the loopback push service accepts a remembered token without checking its exp again",
+        (("gov/testing/push_service.py", "        if exp <= now:\n",
+          "        if exp <= now and known is None:\n", 1),),
+        ("tests/unit/test_push.py::test_a_token_that_verified_once_is_still_checked_on_every_request",),
+    ),
+    Mutant(
         "ct1_policy_reads_through_citus",
         "on a Citus cluster the decision's policy reads stay on the reference tables: Citus plans each of "
         "them again on every call (four more statements per decision through its planner)",

@@ -615,6 +615,26 @@ def test_service_refuses_a_bad_signature(hand: _Hand) -> None:
     _refused(hand.post(token=_jwt(other, hand.claims())), 401, "signature")
 
 
+def test_a_token_that_verified_once_is_still_checked_on_every_request(hand: _Hand) -> None:
+    # the service remembers a token whose signature verified (a runner reuses one per
+    # origin for hours); the same token under another key, or after its exp, is refused
+    token = _jwt(hand.key, hand.claims(exp=int(time.time()) + 600))
+    assert hand.post(token=token).status_code == 201
+    other = ec.generate_private_key(ec.SECP256R1())
+    other_public = b64url_encode(
+        other.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    )
+    _refused(hand.post(Authorization=f"vapid t={token},k={other_public}"), 401, "signature")
+    later = hand.service.clock
+    hand.service.clock = lambda: later() + 3600
+    try:
+        _refused(hand.post(token=token), 401, "expired")
+    finally:
+        hand.service.clock = later
+    assert hand.post(token=token).status_code == 201
+    assert hand.service.delivered_payloads() == [b"hand made", b"hand made"]
+
+
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
