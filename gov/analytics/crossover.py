@@ -440,6 +440,22 @@ class Cell:
         return abs(e.position - self.truth) <= 1 or inside
 
     @property
+    def undecided(self) -> bool:
+        """Nothing declared, and nothing the measure says rules the truth out: its confirmed
+        lower end is at or before the truth's position (or the truth has none). Not an
+        agreement, and not a contradiction either: a reader is told "not decided"."""
+        e = self.estimate
+        if self.agrees or e.verdict == CROSSOVER:
+            return False
+        return self.truth is None or e.low is None or e.low <= self.truth
+
+    @property
+    def mark(self) -> str:
+        """✓ agrees, – undecided, ✗ contradicts the truth (a declaration that does not agree, or
+        a confirmed lower end past the truth's position)."""
+        return "✓" if self.agrees else ("–" if self.undecided else "✗")
+
+    @property
     def false_early(self) -> bool:
         """A crossover declared more than one position before the truth's, or where the truth has none."""
         if self.declared is None:

@@ -27,10 +27,10 @@ def test_the_measure_finds_the_simulated_crossover(pg_server: str, seed: int, to
     outcome = simulate(pg_server, config, governed=True)
     rows = crossover_rows(outcome.summary)
     assert [segment for segment, *_ in rows] == ["all users", "casual", "dormant", "engaged"]
-    for segment, said, truth, agree in rows:
+    for segment, said, truth, mark in rows:
         where = f"{segment}: the measure says {said!r}, the truth {truth!r} (seed {seed}, tolerance {tolerance})"
         if tolerance < 1:
-            assert agree, where
+            assert mark == "✓", where
         else:
             assert not said.startswith("crossover"), where
     # the grid cell is the one intended: every curve crosses, or none does before position 20

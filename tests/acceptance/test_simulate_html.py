@@ -27,7 +27,7 @@ def test_the_page_says_only_what_the_run_knows(pg_server: str, tmp_path: Path) -
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
     lead = re.search(r'<p class="verdict lead">Fatigue, all users: the marginal measure says (.+?); '
-                     r"the truth \(no noise\) says ([^<]+?) [✓✗]", html)
+                     r"the truth \(no noise\) says ([^<]+?) [✓–✗]", html)
     assert lead is not None, html
     measure = lead.group(1)
     # in this order: the measure and the truth, the seeds' view, what the dice gave

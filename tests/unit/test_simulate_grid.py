@@ -32,6 +32,22 @@ def test_a_cell_agrees_within_one_or_inside_its_interval_and_is_false_early_only
     assert not cell(NOT_ENOUGH_DATA, None, 3, 12).agrees and not cell(NOT_ENOUGH_DATA, None, 3, 12).false_early
 
 
+def test_a_cell_that_has_not_decided_is_marked_undecided_unless_its_lower_end_rules_the_truth_out() -> None:
+    def cell(verdict: str, position: int | None, low: int | None, truth: int | None) -> Cell:
+        return Cell(1, 1.0, OVERALL, CrossoverEstimate(verdict, position, low, position, position), truth)
+
+    # "not enough data; it is after position 13" beside a truth at 17: not decided, not wrong
+    assert cell(NOT_ENOUGH_DATA, None, 14, 17).mark == "–" and cell(NOT_ENOUGH_DATA, None, 17, 17).undecided
+    assert cell(NOT_REACHED, None, 5, 17).mark == "–"
+    assert cell(NOT_ENOUGH_DATA, None, 3, None).mark == "–"  # the truth has none, nothing declared
+    # a confirmed lower end past the truth's position says something the truth rules out
+    assert cell(NOT_ENOUGH_DATA, None, 18, 17).mark == "✗" and not cell(NOT_ENOUGH_DATA, None, 18, 17).undecided
+    assert cell(NOT_REACHED, None, 20, 17).mark == "✗"
+    # a declaration is never "undecided": it agrees or it does not
+    assert cell(CROSSOVER, 9, 9, 10).mark == "✓" and cell(CROSSOVER, 20, 14, 12).mark == "✗"
+    assert cell(CROSSOVER, 7, 5, None).mark == "✗" and cell(NOT_REACHED, None, 3, None).mark == "✓"
+
+
 def test_the_grid_is_evaluated_from_saved_simulations_without_simulating(tmp_path: Path) -> None:
     sim = _sim()
     path = cache_path(tmp_path, sim.seed, sim.tolerance, sim.users, sim.days)

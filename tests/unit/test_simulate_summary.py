@@ -13,7 +13,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from gov.analytics.crossover import CrossoverEstimate
-from gov.analytics.marginal import NOT_REACHED, MarginalReport, SegmentMeasure
+from gov.analytics.marginal import NOT_ENOUGH_DATA, NOT_REACHED, MarginalReport, SegmentMeasure
 from gov.lab.simulate.summary import Summary, confirmed_bucket, render, to_html
 from tests.unit.test_simulate_html import _measure, _summary
 
@@ -34,6 +34,30 @@ def _not_reached(s: Summary) -> Summary:
     segments = tuple(flat(m.segment) for m in s.marginal.segments)
     return replace(s, marginal=MarginalReport(s.marginal.since, s.marginal.now, s.marginal.min_events, segments),
                    truth_positions=tuple((seg, pos, n, c, 0.0) for seg, pos, n, c, _ in s.truth_positions))
+
+
+def _undecided(s: Summary, low: int) -> Summary:
+    """``s`` with the marginal measure not decided, its confirmed lower end at ``low``."""
+    def open_(segment: str) -> SegmentMeasure:
+        return SegmentMeasure(segment, tuple(replace(r, crossover=False, verdict=NOT_ENOUGH_DATA)
+                                             for r in _measure(segment).rows),
+                              CrossoverEstimate(NOT_ENOUGH_DATA, None, low, None, 2, None, 120))
+
+    assert s.marginal is not None
+    segments = tuple(open_(m.segment) for m in s.marginal.segments)
+    return replace(s, marginal=MarginalReport(s.marginal.since, s.marginal.now, s.marginal.min_events, segments))
+
+
+def test_a_measure_that_has_not_decided_is_not_said_to_disagree_with_the_truth() -> None:
+    s = _summary("governed", "default policy")  # the truth crosses at position 2
+    text = " ".join(_text(_undecided(s, 2)).split())  # "it is after position 1": the truth may well be at 2
+    assert ("the truth (no noise) says crossover at position 2 – (the measure has not decided; "
+            "nothing it says rules the truth out)") in text
+    assert "disagree" not in text
+    assert 'data-agree="undecided"' in to_html(_undecided(s, 2)) and "disagree" not in to_html(_undecided(s, 2))
+    # a lower end past the truth's position says something the truth rules out
+    contradicted = " ".join(_text(_undecided(s, 3)).split())
+    assert "the truth (no noise) says crossover at position 2 ✗ (they disagree)" in contradicted
 
 
 def test_the_summary_leads_with_the_measure_and_the_truth() -> None:

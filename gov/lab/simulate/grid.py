@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from gov.analytics.crossover import (
-    CROSSOVER,
     DEFAULT_MIN_EVENTS,
     OVERALL,
     Cell,
@@ -153,7 +152,7 @@ def cell_rows(grid: Sequence[Cell]) -> list[tuple[str, ...]]:
         rows.append((
             str(c.seed), f"{c.tolerance:g}", "all users" if c.segment == OVERALL else c.segment,
             e.short_text(), interval, "not reached" if c.truth is None else str(c.truth),
-            "FALSE EARLY" if c.false_early else ("✓" if c.agrees else "✗"),
+            "FALSE EARLY" if c.false_early else c.mark,
         ))
     return rows
 
@@ -174,8 +173,7 @@ def grid_table(grid: Sequence[Cell]) -> Any:
 def grid_verdict(grid: Sequence[Cell]) -> str:
     agree = sum(c.agrees for c in grid)
     early = sum(c.false_early for c in grid)
-    open_ = sum(1 for c in grid if c.estimate.verdict != CROSSOVER and c.truth is not None
-                and c.estimate.low is not None and c.estimate.low <= c.truth)
+    open_ = sum(c.undecided for c in grid)
     share = agree / len(grid) * 100 if grid else 0.0
     return (f"{agree} of {len(grid)} cells agree ({share:.1f} %); false early: {early}; "
-            f"undecided with the truth above the confirmed lower end: {open_}")
+            f"undecided (nothing declared, nothing said rules the truth out): {open_}")

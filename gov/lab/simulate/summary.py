@@ -484,14 +484,16 @@ def truth_by_position(s: Summary, segment: str) -> list[tuple[int, int, float, f
     return [(p, int(v[0]), v[1], v[2]) for p, v in sorted(out.items())]
 
 
-def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
-    """Per segment (everyone first): (segment, what the measure says, what the truth says, agree).
+def crossover_rows(s: Summary) -> list[tuple[str, str, str, str]]:
+    """Per segment (everyone first): (segment, what the measure says, what the truth says, mark).
 
     The truth is the simulator's expected clicks and unsubscribes of every delivered send
     by position, without noise (gov.analytics.crossover.true_crossover: the first position
     whose expected unsubscribes exceed its expected clicks). They agree as in
     ``gov simulate --grid`` (gov.analytics.crossover.Cell.agrees): a declared crossover within
-    one position of the truth or an interval that holds it, or both not reached.
+    one position of the truth or an interval that holds it, or both not reached. The mark
+    (gov.analytics.crossover.Cell.mark): ✓ they agree, – the measure has not decided and
+    nothing it says rules the truth out, ✗ they disagree.
     """
     from gov.analytics.crossover import Cell, true_crossover
 
@@ -503,8 +505,8 @@ def crossover_rows(s: Summary) -> list[tuple[str, str, str, bool]]:
         truth = true_crossover(truth_by_position(s, seg))
         said = measure.verdict_text()
         truth_text = "not reached" if truth is None else f"crossover at position {truth}"
-        agree = Cell(s.seed, s.tolerance, seg, measure.result, truth).agrees
-        out.append(("all users" if seg == OVERALL_TRUTH else seg, said, truth_text, agree))
+        mark = Cell(s.seed, s.tolerance, seg, measure.result, truth).mark
+        out.append(("all users" if seg == OVERALL_TRUTH else seg, said, truth_text, mark))
     return out
 
 
@@ -523,16 +525,22 @@ def _marginal_renderable(s: Summary) -> RenderableType:
     table = Table(title=crossover_title(s), title_justify="left", title_style="bold")
     for name in CROSSOVER_HEADERS:
         table.add_column(name)
-    for seg, said, truth_text, agree in crossover_rows(s):
-        table.add_row(seg, said, truth_text, "✓" if agree else "✗")
+    for seg, said, truth_text, mark in crossover_rows(s):
+        table.add_row(seg, said, truth_text, mark)
     return Group(Text(fatigue_lead(s), style="bold"), table, marginal_table(s.marginal.overall))
 
 
 def fatigue_lead(s: Summary) -> str:
     """The run's one sentence on fatigue: the marginal measure and the noiseless truth, all users."""
-    seg, said, truth_text, agree = crossover_rows(s)[0]
+    seg, said, truth_text, mark = crossover_rows(s)[0]
     return (f"Fatigue, {seg}: the marginal measure says {said}; the truth (no noise) says {truth_text} "
-            + ("✓" if agree else "✗ (they disagree)"))
+            + LEAD_MARKS[mark])
+
+
+# "they disagree" only where the measure says something the truth rules out; a measure that
+# has not decided is not wrong (issue 31: the first run says only what it knows)
+LEAD_MARKS = {"✓": "✓", "–": "– (the measure has not decided; nothing it says rules the truth out)",
+              "✗": "✗ (they disagree)"}
 
 
 def comparison(governed: Summary, off: Summary) -> tuple[Table, bool]:
@@ -796,8 +804,8 @@ def _marginal_context(s: Summary) -> dict[str, Any] | None:
         ],
         "crossover_title": crossover_title(s),
         "crossover_header": CROSSOVER_HEADERS,
-        "crossovers": [{"segment": seg, "measure": said, "truth": truth_text, "agree": agree}
-                       for seg, said, truth_text, agree in crossover_rows(s)],
+        "crossovers": [{"segment": seg, "measure": said, "truth": truth_text, "mark": mark}
+                       for seg, said, truth_text, mark in crossover_rows(s)],
     }
 
 
