@@ -547,6 +547,24 @@ MUTANTS = [
             "test_decided_now_delivered_at_the_best_hour_with_its_ttl_from_there",
         ),
     ),
+    Mutant(
+        "cm1_undecided_said_to_disagree",
+        "gov simulate says the measure and the truth disagree where the measure has not decided",
+        (("gov/analytics/crossover.py",
+          "        return self.truth is None or e.low is None or e.low <= self.truth\n",
+          "        return False\n", 1),),
+        ("tests/unit/test_simulate_summary.py::"
+         "test_a_measure_that_has_not_decided_is_not_said_to_disagree_with_the_truth",),
+    ),
+    Mutant(
+        "cm2_lower_end_past_the_truth_undecided",
+        "a confirmed lower end past the truth's position is shown as undecided, not as a contradiction",
+        (("gov/analytics/crossover.py",
+          "        return self.truth is None or e.low is None or e.low <= self.truth\n",
+          "        return True\n", 1),),
+        ("tests/unit/test_simulate_grid.py::"
+         "test_a_cell_that_has_not_decided_is_marked_undecided_unless_its_lower_end_rules_the_truth_out",),
+    ),
 ]
 
 
