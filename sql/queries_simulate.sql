@@ -117,7 +117,9 @@ SELECT min(d.release_at) FROM gov.deferred d WHERE d.state = 'waiting';
 -- Every message of a collapse tier, by what finally became of it: delivered on its own
 -- (at once, or released alone), stood for by a summary that was delivered (the summary
 -- itself counted), still held at the end (a group's carrier, or collapsed into one that
--- still waits), expired, or anything else (dropped, failed, no endpoint, not delivered).
+-- still waits), expired, or anything else (dropped, failed, no endpoint, not delivered);
+-- and of those held, how many are folded into a waiting carrier (the per-tier table's
+-- "held at end" counts the waiting rows alone).
 WITH c AS (
     SELECT m.tier, d.state, d.outcome, d.collapsed_into, m.allowed, d.id IS NULL AS never_held,
            EXISTS (SELECT 1 FROM gov.outbox o
@@ -137,7 +139,8 @@ SELECT tier,
        count(*) FILTER (WHERE (never_held AND allowed OR state = 'released') AND delivered) AS alone,
        count(*) FILTER (WHERE state = 'collapsed' AND summary_delivered) AS summarised,
        count(*) FILTER (WHERE state = 'waiting' OR (state = 'collapsed' AND carrier_state = 'waiting')) AS held,
-       count(*) FILTER (WHERE state = 'expired') AS expired
+       count(*) FILTER (WHERE state = 'expired') AS expired,
+       count(*) FILTER (WHERE state = 'collapsed' AND carrier_state = 'waiting') AS held_folded
   FROM c
  GROUP BY tier
  ORDER BY tier;

@@ -101,3 +101,12 @@ def test_the_realised_outcomes_are_counts_without_a_verdict() -> None:
     assert "<td>3–5</td><td>80</td><td>4 (5.00%)</td><td>6 (7.50%)</td>" in page
     # the page's order is the terminal's: the measure and the truth, the seeds' view, the dice
     assert page.index('class="verdict lead"') < page.index("The seeds&#39; view") < page.index("What the dice gave")
+
+
+def test_the_collapse_line_splits_what_it_holds_as_the_tier_table_counts_it() -> None:
+    # the per-tier table's "held at end" counts the waiting rows; the collapse line counts
+    # every message not yet out, so it says which of them wait and which are folded in
+    s = replace(_summary("governed", "default policy"), collapse_split=(("P3", 100, 40, 5, 30, 10, 20),))
+    text = " ".join(_text(s).split())
+    assert "P3 (collapse): 100 messages: 40 delivered on their own, 5 in delivered summaries, " \
+           "30 held at the end (10 waiting, 20 folded into them), 10 expired" in text

@@ -100,8 +100,8 @@ class Summary:
     push_requests: int
     push_decrypted: int
     fatigue: Any = None  # gov.analytics.report.FatigueReport, or None when unavailable
-    collapse_split: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (tier, messages, alone, summarised,
-    #                                                                       held, expired) per collapse tier
+    # (tier, messages, alone, summarised, held, expired, held folded into a waiting carrier) per collapse tier
+    collapse_split: tuple[tuple[str, int, int, int, int, int, int], ...] = ()
     expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
     # (tier, ttl_expired, of which a slot went to a later deadline) per tier (sim_expired_split)
     expired_split: tuple[tuple[str, int, int], ...] = ()
@@ -295,13 +295,14 @@ def exempt_line(s: Summary) -> Text:
 def collapse_lines(s: Summary) -> list[Text]:
     """Per collapse tier: every message delivered, summarised into a delivered summary, held, or expired."""
     out = []
-    for tier, messages, alone, summarised, held, expired in s.collapse_split:
+    for tier, messages, alone, summarised, held, expired, folded in s.collapse_split:
         other = messages - alone - summarised - held - expired
         share = expired / messages * 100 if messages else 0.0
         text = Text(f"{tier} (collapse): ", style="bold")
         text.append(
             f"{messages:,} messages: {alone:,} delivered on their own, {summarised:,} in delivered summaries, "
-            f"{held:,} held at the end, {expired:,} expired ({share:.1f} %"
+            f"{held:,} held at the end ({held - folded:,} waiting, {folded:,} folded into them), "
+            f"{expired:,} expired ({share:.1f} %"
             + "".join(f"; {key} {n:,}" for t, key, n in s.expired_by_key if t == tier) + ")"
             + (f", {other:,} other (dropped, failed or not delivered)" if other else ""),
             style="green" if share <= 5 else "yellow",
