@@ -202,11 +202,12 @@ class Runners:
         """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return the attempts made."""
         if not ids:
             return 0
-        # Each runner's share costs a claim and a record call of fixed cost (about 3 and
-        # 1.4 ms of PostgreSQL: claim_outbox_v3 plans its dynamic statement every call)
-        # and a round trip to the child. Most ticks queue a few rows: they go to one
-        # runner, in turn, whose workers take them at once; a campaign's tick is shared
-        # out. Which runner delivers a row changes no outcome (read back in a fixed order).
+        # Each runner's share costs a claim and a record call of fixed cost (about 2 ms
+        # each in PostgreSQL; the claim's statement is planned on about a third of its
+        # calls, 3.3 ms a plan, docs/performance.md stop 40) and a round trip to the
+        # child. Most ticks queue a few rows: they go to one runner, in turn, whose
+        # workers take them at once; a campaign's tick is shared out.
+        # Which runner delivers a row changes no outcome (read back in a fixed order).
         if len(ids) < SHARE_FROM:
             self._turn = (self._turn + 1) % len(self._children)
             busy = [(self._children[self._turn], list(ids))]
