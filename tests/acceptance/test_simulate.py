@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,18 @@ def gov_simulate(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
     )
 
 
+def assert_cost_adds_up(line: str) -> None:
+    """The run's CPU on its last line: who spent it, and parts that add up to the whole."""
+    found = re.search(r"CPU ([\d.]+) s on (\d+) cores, load [\d.]+ before: gov ([\d.]+) \(this process ([\d.]+), "
+                      r"runners and push services ([\d.]+)\), PostgreSQL ([\d.]+)$", line)
+    assert found, line
+    total, _, gov, own, children, server = map(float, found.groups())
+    assert abs(gov - own - children) <= 0.11 and abs(total - gov - server) <= 0.11, line
+    # every delivery was encrypted by a runner and decrypted by a push service, every
+    # decision made by the server: none of them can have cost nothing
+    assert children > 0 and server > 0 and own > 0, line
+
+
 @pytest.mark.slow
 def test_one_seed_one_summary(pg_server: str) -> None:
     args = ("--users", "60", "--days", "3", "--seed", "7", "--database-url", pg_server)
@@ -39,6 +52,7 @@ def test_one_seed_one_summary(pg_server: str) -> None:
     assert "P0: " in first.stdout and "0 suppressed ✓" in first.stdout
     # the wall time and the rate are on stderr, on a line of their own
     assert "s wall" in first.stderr.splitlines()[-1] and "messages/s" in first.stderr.splitlines()[-1]
+    assert_cost_adds_up(first.stderr.splitlines()[-1])
     other = gov_simulate("--users", "60", "--days", "3", "--seed", "8", "--database-url", pg_server)
     assert other.returncode == 0, other.stderr
     assert other.stdout != first.stdout  # the seed really drives the story

@@ -565,6 +565,22 @@ MUTANTS = [
         ("tests/unit/test_simulate_grid.py::"
          "test_a_cell_that_has_not_decided_is_marked_undecided_unless_its_lower_end_rules_the_truth_out",),
     ),
+    Mutant(
+        "sc1_children_cpu_not_counted",
+        "gov simulate's cost line leaves out what its runners and push services spent",
+        (("gov/lab/simulate/cost.py",
+          "        return RunCost(own - own_before, children - children_before, server_s, why,",
+          "        return RunCost(own - own_before, 0.0, server_s, why,", 1),),
+        ("tests/acceptance/test_simulate.py::test_one_seed_one_summary",),
+    ),
+    Mutant(
+        "sc2_server_cpu_not_counted",
+        "gov simulate's cost line reads the server's CPU at the end only where it read it at the start",
+        (("gov/lab/simulate/cost.py",
+          "            server_s = (server_after - server_before) / ticks_per_second()",
+          "            server_s = (server_before - server_before) / ticks_per_second()", 1),),
+        ("tests/acceptance/test_simulate.py::test_one_seed_one_summary",),
+    ),
 ]
 
 

@@ -43,7 +43,7 @@ CITUS_NODES: LiteralString = (
 PROC = Path("/proc")
 
 
-def _ticks_per_second() -> int:
+def ticks_per_second() -> int:
     try:
         return int(os.sysconf("SC_CLK_TCK"))
     except (ValueError, OSError, AttributeError):
@@ -194,7 +194,7 @@ class CpuMeter:
 
     def per_decision(self, target: str, workload: str, contender: str, decisions: int) -> list[dict[str, Any]]:
         """One row per node and a total: µs of server CPU per decision (None where not countable)."""
-        tick_us = 1e6 / _ticks_per_second()
+        tick_us = 1e6 / ticks_per_second()
         spent = self.ticks.get((workload, contender), [0] * len(self.nodes))
         rows: list[dict[str, Any]] = []
         total = 0.0

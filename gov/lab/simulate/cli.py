@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from gov.cli.common import check_output_path, option
 from gov.db import resolve_url
 from gov.errors import GovError
+from gov.lab.simulate.cost import cost_meter
 from gov.lab.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
 from gov.lab.simulate.engine import simulate as run_simulation
 from gov.lab.simulate.summary import plural, print_summary, to_html
@@ -119,6 +120,7 @@ def simulate(
         load_policy(config)  # a bad file is refused before anything starts
         started = time.perf_counter()
         server = resolve_url(database_url)
+        spent = cost_meter(server)
         runs: list[RunOutcome] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[day]}"),
                       TextColumn("{task.fields[sent]}"), TimeElapsedColumn(), console=err, transient=True,
@@ -133,6 +135,7 @@ def simulate(
                 runs.append(run_simulation(server, plan, governed=governed, keep=keep, label=label,
                                            progress=_progress_callback(bar, task, days)))
         wall = time.perf_counter() - started
+        cost = spent()
     except GovError as exc:
         click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
         sys.exit(1)
@@ -158,8 +161,8 @@ def simulate(
     # wall time only here, on stderr: the summary must not change from run to run
     per_run = "; ".join(f"{r.label} {r.stats.wall_s:.1f} s, {r.stats.sent / max(r.stats.wall_s, 1e-9):,.0f} "
                         "messages/s" for r in runs)
-    click.echo(f"gov: simulated {plural(users, 'user')} × {plural(days, 'day')} in {wall:.1f} s wall ({per_run})",
-               err=True)
+    click.echo(f"gov: simulated {plural(users, 'user')} × {plural(days, 'day')} in {wall:.1f} s wall ({per_run}); "
+               f"{cost.line()}", err=True)
     if not governed_run.exempt.ok or (off_run is not None and not off_run.exempt.ok):
         click.echo("gov: error: a P0 message was suppressed or not delivered to every endpoint", err=True)
         sys.exit(1)
