@@ -581,6 +581,20 @@ MUTANTS = [
           "            server_s = (server_before - server_before) / ticks_per_second()", 1),),
         ("tests/acceptance/test_simulate.py::test_one_seed_one_summary",),
     ),
+    Mutant(
+        "cp1_claim_plan_chosen_per_call",
+        "the claim's two statements without their generic plans: the plan cache chooses per call",
+        (("sql/migrations/0039_claim_plans.sql", "        SET plan_cache_mode = force_generic_plan\n", "", 1),
+         ("sql/schema/40_delivery.sql", "        SET plan_cache_mode = force_generic_plan\n", "", 1)),
+        ("tests/integration/test_claim_plan.py",),
+    ),
+    Mutant(
+        "cp2_one_claim_statement",
+        "the claim as migration 0036 left it: one statement for given rows and any rows",
+        (("alembic/versions/0039_claim_plans.py", '    run_sql_file("migrations/0039_claim_plans.sql")\n',
+          "    pass\n", 1),),
+        ("tests/integration/test_claim_plan.py",),
+    ),
 ]
 
 
