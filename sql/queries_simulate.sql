@@ -178,25 +178,59 @@ SELECT o.user_id, o.id FROM gov.outbox o
 -- The messages that expired on their TTL (ttl_expired), per tier, split in two: "a slot
 -- went to a later deadline" when, between the message's hold (enqueued_at) and its
 -- deadline (its group's: the expiry of the carrier it was collapsed into, else its own),
--- the same user was sent (a gov.sends row) in the message's own budget (its tier, or its
--- topic's) a message of another group whose own deadline was later; else "no slot opened
--- before its TTL". The first is what earliest deadline first makes 0.
+-- the same user was sent (a gov.sends row) a message of another group whose own deadline
+-- was later, in a budget the held message's rules read, at a moment the held message
+-- would have passed every one of those rules had that send not been made (its windows
+-- counted without it); else "no slot opened before its TTL". The first is what earliest
+-- deadline first makes 0. A send in a budget that was not the one full (a P1 slot, while
+-- the held message waited for its topic's weekly cap) took nothing from it. The rules are
+-- those gov.decide_core reads for the message (its tier, its topic's caps or "*", the
+-- user's segment's windows when the policy has them, with the user's segment at the end
+-- of the run); a user's own caps are not read (the simulation sets none).
 WITH e AS (
     SELECT d.user_id, d.tier, m.topic, d.enqueued_at,
-           coalesce(gc.expires_at, c.expires_at) AS deadline, coalesce(d.collapsed_into, d.message_id) AS grp
+           coalesce(gc.expires_at, c.expires_at) AS deadline, coalesce(d.collapsed_into, d.message_id) AS grp,
+           CASE WHEN m.topic IS NULL THEN ''
+                WHEN EXISTS (SELECT 1 FROM gov.caps k WHERE k.scope = 'topic' AND k.topic = m.topic) THEN m.topic
+                ELSE '*' END AS topic_key,
+           u.segment
       FROM gov.deferred d
       JOIN gov.messages m ON m.user_id = d.user_id AND m.message_id = d.message_id
       JOIN gov.message_content c ON c.user_id = d.user_id AND c.message_id = d.message_id
       LEFT JOIN gov.message_content gc ON gc.user_id = d.user_id AND gc.message_id = d.collapsed_into
+      LEFT JOIN gov.users u ON u.user_id = d.user_id
      WHERE d.state = 'expired' AND d.outcome = 'ttl_expired'
+), rules AS (  -- each expired message's rules, by the budget each one counts
+    SELECT e.user_id, e.grp, r.windows, r.caps,
+           CASE WHEN r.scope = 'topic' THEN 'topic:' || e.topic ELSE r.budget END AS budget
+      FROM e
+      JOIN gov.compiled_rules r
+        ON r.tier = e.tier AND r.topic = e.topic_key
+       AND r.segment = CASE WHEN EXISTS (SELECT 1 FROM gov.compiled_rules rs
+                                          WHERE rs.tier = e.tier AND rs.topic = e.topic_key
+                                            AND rs.segment = e.segment) THEN e.segment ELSE '' END
+), taken AS (  -- later deadlines sent in one of those budgets while the message waited
+    SELECT DISTINCT e.user_id, e.grp, e.tier, s.message_id, s.sent_at
+      FROM e
+      JOIN gov.sends s ON s.user_id = e.user_id AND s.sent_at > e.enqueued_at AND s.sent_at < e.deadline
+                      AND s.message_id <> e.grp
+      JOIN gov.message_content sc ON sc.user_id = s.user_id AND sc.message_id = s.message_id
+     WHERE sc.expires_at > e.deadline
+       AND EXISTS (SELECT 1 FROM rules r WHERE r.user_id = e.user_id AND r.grp = e.grp AND r.budget = s.budget)
+), stolen AS (  -- ... at a moment every rule of the message had room without that send
+    SELECT t.user_id, t.grp, t.tier
+      FROM taken t
+     WHERE NOT EXISTS (
+           SELECT 1 FROM rules r CROSS JOIN LATERAL unnest(r.windows, r.caps) AS x(w, c)
+            WHERE r.user_id = t.user_id AND r.grp = t.grp
+              AND (SELECT count(*) FROM gov.sends s2
+                    WHERE s2.user_id = t.user_id AND s2.budget = r.budget AND s2.message_id <> t.message_id
+                      AND s2.sent_at > t.sent_at - x.w * interval '1 millisecond'
+                      AND s2.sent_at <= t.sent_at) >= x.c)
 )
 SELECT e.tier, count(*) AS expired,
-       count(*) FILTER (WHERE EXISTS (
-           SELECT 1 FROM gov.sends s
-             JOIN gov.message_content sc ON sc.user_id = s.user_id AND sc.message_id = s.message_id
-            WHERE s.user_id = e.user_id AND s.budget IN (e.tier, 'topic:' || e.topic)
-              AND s.sent_at > e.enqueued_at AND s.sent_at < e.deadline
-              AND s.message_id <> e.grp AND sc.expires_at > e.deadline)) AS later_deadline
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM stolen st
+                                       WHERE st.user_id = e.user_id AND st.grp = e.grp)) AS later_deadline
   FROM e
  GROUP BY e.tier
  ORDER BY e.tier;
