@@ -187,51 +187,61 @@ SELECT o.user_id, o.id FROM gov.outbox o
 -- those gov.decide_core reads for the message (its tier, its topic's caps or "*", the
 -- user's segment's windows when the policy has them, with the user's segment at the end
 -- of the run); a user's own caps are not read (the simulation sets none).
+-- (Joins and GROUP BY, no correlated subquery: a Citus cluster plans none over CTEs.)
 WITH e AS (
-    SELECT d.user_id, d.tier, m.topic, d.enqueued_at,
+    SELECT d.user_id, d.id AS hold_id, d.tier, m.topic, d.enqueued_at,
            coalesce(gc.expires_at, c.expires_at) AS deadline, coalesce(d.collapsed_into, d.message_id) AS grp,
-           CASE WHEN m.topic IS NULL THEN ''
-                WHEN EXISTS (SELECT 1 FROM gov.caps k WHERE k.scope = 'topic' AND k.topic = m.topic) THEN m.topic
-                ELSE '*' END AS topic_key,
+           CASE WHEN m.topic IS NULL THEN '' WHEN tc.topic IS NOT NULL THEN m.topic ELSE '*' END AS topic_key,
            u.segment
       FROM gov.deferred d
       JOIN gov.messages m ON m.user_id = d.user_id AND m.message_id = d.message_id
       JOIN gov.message_content c ON c.user_id = d.user_id AND c.message_id = d.message_id
       LEFT JOIN gov.message_content gc ON gc.user_id = d.user_id AND gc.message_id = d.collapsed_into
       LEFT JOIN gov.users u ON u.user_id = d.user_id
+      LEFT JOIN (SELECT DISTINCT k.topic FROM gov.caps k WHERE k.scope = 'topic') tc ON tc.topic = m.topic
      WHERE d.state = 'expired' AND d.outcome = 'ttl_expired'
-), rules AS (  -- each expired message's rules, by the budget each one counts
-    SELECT e.user_id, e.grp, r.windows, r.caps,
-           CASE WHEN r.scope = 'topic' THEN 'topic:' || e.topic ELSE r.budget END AS budget
+), groups AS (  -- one row per waiting group (its messages share its deadline), from its first hold
+    SELECT e.user_id, e.grp, e.tier, e.topic, e.topic_key, e.segment, min(e.enqueued_at) AS since,
+           max(e.deadline) AS deadline
       FROM e
+     GROUP BY e.user_id, e.grp, e.tier, e.topic, e.topic_key, e.segment
+), rules AS (  -- each group's rules, by the budget each one counts
+    SELECT g.user_id, g.grp, r.windows, r.caps,
+           CASE WHEN r.scope = 'topic' THEN 'topic:' || g.topic ELSE r.budget END AS budget
+      FROM groups g
+      LEFT JOIN (SELECT DISTINCT rs.tier, rs.topic, rs.segment FROM gov.compiled_rules rs) own
+        ON own.tier = g.tier AND own.topic = g.topic_key AND own.segment = g.segment
       JOIN gov.compiled_rules r
-        ON r.tier = e.tier AND r.topic = e.topic_key
-       AND r.segment = CASE WHEN EXISTS (SELECT 1 FROM gov.compiled_rules rs
-                                          WHERE rs.tier = e.tier AND rs.topic = e.topic_key
-                                            AND rs.segment = e.segment) THEN e.segment ELSE '' END
-), taken AS (  -- later deadlines sent in one of those budgets while the message waited
-    SELECT DISTINCT e.user_id, e.grp, e.tier, s.message_id, s.sent_at
-      FROM e
-      JOIN gov.sends s ON s.user_id = e.user_id AND s.sent_at > e.enqueued_at AND s.sent_at < e.deadline
-                      AND s.message_id <> e.grp
+        ON r.tier = g.tier AND r.topic = g.topic_key AND r.segment = coalesce(own.segment, '')
+), taken AS (  -- later deadlines sent in one of those budgets while the group waited
+    SELECT DISTINCT g.user_id, g.grp, s.message_id, s.sent_at
+      FROM groups g
+      JOIN gov.sends s ON s.user_id = g.user_id AND s.sent_at > g.since AND s.sent_at < g.deadline
+                      AND s.message_id <> g.grp
       JOIN gov.message_content sc ON sc.user_id = s.user_id AND sc.message_id = s.message_id
-     WHERE sc.expires_at > e.deadline
-       AND EXISTS (SELECT 1 FROM rules r WHERE r.user_id = e.user_id AND r.grp = e.grp AND r.budget = s.budget)
-), stolen AS (  -- ... at a moment every rule of the message had room without that send
-    SELECT t.user_id, t.grp, t.tier
+                                 AND sc.expires_at > g.deadline
+      JOIN rules r ON r.user_id = g.user_id AND r.grp = g.grp AND r.budget = s.budget
+), counted AS (  -- every window of every rule of the group at that moment, without that send
+    SELECT t.user_id, t.grp, t.message_id, t.sent_at, x.c, count(s2.user_id) AS n
       FROM taken t
-     WHERE NOT EXISTS (
-           SELECT 1 FROM rules r CROSS JOIN LATERAL unnest(r.windows, r.caps) AS x(w, c)
-            WHERE r.user_id = t.user_id AND r.grp = t.grp
-              AND (SELECT count(*) FROM gov.sends s2
-                    WHERE s2.user_id = t.user_id AND s2.budget = r.budget AND s2.message_id <> t.message_id
-                      AND s2.sent_at > t.sent_at - x.w * interval '1 millisecond'
-                      AND s2.sent_at <= t.sent_at) >= x.c)
+      JOIN rules r ON r.user_id = t.user_id AND r.grp = t.grp
+     CROSS JOIN LATERAL unnest(r.windows, r.caps) AS x(w, c)
+      LEFT JOIN gov.sends s2 ON s2.user_id = t.user_id AND s2.budget = r.budget AND s2.message_id <> t.message_id
+                            AND s2.sent_at > t.sent_at - x.w * interval '1 millisecond'
+                            AND s2.sent_at <= t.sent_at
+     GROUP BY t.user_id, t.grp, t.message_id, t.sent_at, r.budget, x.w, x.c
+), stolen AS (  -- ... where the group would have passed all of them
+    SELECT c.user_id, c.grp, c.sent_at
+      FROM counted c
+     GROUP BY c.user_id, c.grp, c.message_id, c.sent_at
+    HAVING bool_and(c.n < c.c)
+), flagged AS (  -- each expired message held before such a send
+    SELECT DISTINCT e.user_id, e.hold_id
+      FROM e JOIN stolen st ON st.user_id = e.user_id AND st.grp = e.grp AND st.sent_at > e.enqueued_at
 )
-SELECT e.tier, count(*) AS expired,
-       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM stolen st
-                                       WHERE st.user_id = e.user_id AND st.grp = e.grp)) AS later_deadline
+SELECT e.tier, count(*) AS expired, count(f.hold_id) AS later_deadline
   FROM e
+  LEFT JOIN flagged f ON f.user_id = e.user_id AND f.hold_id = e.hold_id
  GROUP BY e.tier
  ORDER BY e.tier;
 
