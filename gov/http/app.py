@@ -41,6 +41,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 import prometheus_client
 import psycopg
@@ -52,7 +53,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope
 from starlette.types import Message as ASGIMessage
@@ -102,10 +103,15 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[byte
         if int(declared) > limit:
             raise HTTPError(413, f"body of {declared} bytes is over the {limit}-byte limit")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"body is over the {limit}-byte limit")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise HTTPError(413, f"body is over the {limit}-byte limit")
+    except ClientDisconnect:
+        # a client that leaves mid-body gets no answer, and leaves no traceback in the log
+        # (anyone who can reach a door could otherwise fill it, one stalled request a line)
+        raise HTTPError(400, "the client closed the connection before its body was complete") from None
     if not body:
         raise HTTPError(400, "a JSON body is required")
 
@@ -113,9 +119,18 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[byte
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return bytes(body), json.loads(bytes(body), parse_constant=refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise HTTPError(400, f"invalid JSON: {exc}") from None
+        # UTF-8 only (RFC 8259): json.loads would guess UTF-16 and skip a byte order mark
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPError(400, "invalid JSON: the body is not UTF-8") from None
+    try:
+        return bytes(body), json.loads(text, parse_constant=refuse_constant)
+    except RecursionError:
+        raise HTTPError(400, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        # the parser's words, but not its advice to the server's operator (sys.set_int_max_str_digits)
+        reason = "a number with too many digits" if "integer string conversion" in str(exc) else str(exc)
+        raise HTTPError(400, f"invalid JSON: {reason}") from None
 
 
 class JSONRequest(Request):
@@ -150,6 +165,9 @@ class BearerToken(HTTPBearer):
         self.accepted = list(accepted)
 
     def check(self, request: Request) -> None:
+        if len(request.headers.getlist("authorization")) > 1:
+            # which one would count? Refused, at every door alike (the fast door hands it here)
+            raise HTTPError(401, "more than one Authorization header", {"WWW-Authenticate": 'Bearer realm="gov"'})
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
         given = value.strip().encode()
         # compare_digest even for a wrong scheme: the time taken says nothing about the token;
@@ -160,6 +178,16 @@ class BearerToken(HTTPBearer):
 
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
         self.check(request)
+
+
+def _strict_path(request: Request) -> None:
+    """400 for a path whose percent-escapes are not UTF-8: decoded leniently, ``bad%ffid`` and
+    ``bad%feid`` would both name the user ``bad\ufffdid``."""
+    raw = request.scope.get("raw_path") or b""
+    try:
+        unquote_to_bytes(raw.decode("ascii")).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPError(400, "the path's percent-escapes are not UTF-8") from None
 
 
 class GovRoute(APIRoute):
@@ -180,6 +208,8 @@ class GovRoute(APIRoute):
         async def guarded(request: Request) -> Response:
             for guard in guards:
                 guard.check(request)
+            if self.dependant.path_params:
+                _strict_path(request)
             if json_only:
                 media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
                 if media_type != "application/json":
@@ -433,6 +463,8 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         separate_input_output_schemas=False,
+        # no redirect from /path/ to /path: its Location would be built from the Host header
+        redirect_slashes=False,
     )
     app.router.route_class = GovRoute
 

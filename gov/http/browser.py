@@ -224,7 +224,9 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
         if wait is not None:
             raise HTTPError(429, "too many error reports from this address; retry later",
                             {"Retry-After": str(max(1, math.ceil(wait)))})
-        if body.token is not None and beacon_keys is not None:  # echoed: then it must be the push's own
+        if body.token is not None:  # echoed: then it must be the push's own
+            if beacon_keys is None:  # no push of this server carries one: no echo can be valid
+                raise HTTPError(403, "beacon token refused: this server has no beacon secret")
             check_beacon(beacon_keys, body.token, body.user_id, body.message_id, body.subscription_id)
         gov_metrics.observe_worker_error(body.kind)
         return Response(status_code=204)

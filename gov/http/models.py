@@ -231,8 +231,9 @@ class PushSubscriptionJSON(Body):
 class Proof(Body):
     """A subscription the browser holds (its endpoint and auth secret, which only it and gov know)."""
 
-    endpoint: Annotated[str, Field(min_length=1, max_length=MAX_ENDPOINT_LENGTH)]
-    auth: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+    # storable: compared with stored rows, a NUL byte would fail in the database (a 503 for bad input)
+    endpoint: Annotated[str, Field(min_length=1, max_length=MAX_ENDPOINT_LENGTH), AfterValidator(_storable)]
+    auth: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_storable)]
 
 
 class Subscribe(Body):

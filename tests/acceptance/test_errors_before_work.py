@@ -61,10 +61,18 @@ def test_dispatch_with_a_lease_shorter_than_the_timeout_is_one_line_before_any_f
 
 def test_usage_errors_of_the_long_commands_are_one_line(tmp_path: Path) -> None:
     env = clean_env(GOV_DATABASE_URL=NOWHERE, GOV_DATA_DIR=str(tmp_path / "data"))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[tiers.P0\nexempt = true\n")
+    no_p0 = tmp_path / "no_p0.toml"
+    no_p0.write_text('[tiers.P1]\nwindows = [{ window = "1h", cap = 1 }]\non_exceed = "drop"\n')
     for args, option in (
         (["dispatch", "--once", "--workers", "0"], "--workers"),
         (["release", "--once", "--batch", "0"], "--batch"),
         (["simulate", "--html", str(tmp_path / "no" / "such" / "dir.html")], "--html"),
+        # os.access says yes to root here; no one can create a file in /proc
+        (["simulate", "--html", "/proc/gov-summary.html"], "--html"),
+        (["simulate", "--policy", str(broken)], "--policy"),
+        (["simulate", "--policy", str(no_p0)], "--policy"),
         (["bench", "--json", str(tmp_path)], "--json"),
         (["serve", "--port", "70000"], "--port"),
     ):

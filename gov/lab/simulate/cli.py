@@ -60,8 +60,9 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         type=click.Path(dir_okay=False, path_type=Path),
         help="Also write the summary to this file as a self-contained HTML page with SVG charts.")
 @option("--compare", envvar="GOV_SIMULATE_COMPARE", is_flag=True,
-        help="Replay the same traffic with the governor off (every cap out of reach, no quiet hours), or "
-        "with --policy under gov's default policy, and show both side by side.")
+        help="Replay the same story with the governor off (every cap out of reach, no quiet hours), or "
+        "with --policy under gov's default policy, and show both side by side. The same messages are "
+        "planned; the teams stop sending to users who unsubscribed, so the messages handed to gov differ.")
 @option("--keep", envvar="GOV_SIMULATE_KEEP", is_flag=True,
         help="Keep the scratch database(s) and print their URLs, to look around with SQL.")
 @option("--grid", envvar="GOV_SIMULATE_GRID", is_flag=True,
@@ -117,7 +118,10 @@ def simulate(
         config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, hour_effect=hour_effect,
                            policy_text=policy_text,
                            policy_name=policy_name or "default policy")
-        load_policy(config)  # a bad file is refused before anything starts
+        try:
+            load_policy(config)  # a bad file is refused before anything starts, as bad usage
+        except GovError as exc:
+            raise click.BadParameter(" ".join(str(exc).split()), param_hint="'--policy'") from None
         started = time.perf_counter()
         server = resolve_url(database_url)
         spent = cost_meter(server)
@@ -150,7 +154,8 @@ def simulate(
         out.print(policy_verdict(governed_run, runs[1].summary))
     if html_file is not None:
         try:
-            html_file.write_text(to_html(governed_run, off_run), encoding="utf-8")
+            versus = runs[1].summary if compare and policy_file is not None else None
+            html_file.write_text(to_html(governed_run, off_run, versus), encoding="utf-8")
         except OSError as exc:
             click.echo(f"gov: error: cannot write {html_file}: {exc.strerror}", err=True)
             sys.exit(1)

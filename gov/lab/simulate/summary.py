@@ -24,6 +24,7 @@ from gov.errors import GovError
 from gov.lab.simulate.hours import collect_hours, hours_lines
 from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import TEAM_OF_TOPIC, TEAMS
+from gov.lab.simulate.versus import policy_rows, policy_title, policy_verdict
 from gov.queries import q
 
 BLOCKING_RULES_SHOWN = 8
@@ -121,7 +122,14 @@ class Summary:
         return self.clicks_non_p0 / delivered if delivered else 0.0
 
     def per_week(self, value: float) -> float:
-        return value * 7 / self.days
+        """A user's sends as a weekly rate over a run of a week or more; as counted over a shorter run
+        (scaled up, one user's two sends in a day would read 14 a week, which no cap let through)."""
+        return value * 7 / self.days if self.days >= 7 else value
+
+    @property
+    def rate_name(self) -> str:
+        """What :meth:`per_week` measures: "per week", or over the run's days when it is shorter."""
+        return "per week" if self.days >= 7 else f"in {self.days} day{'s' if self.days != 1 else ''}"
 
     @property
     def weekly(self) -> tuple[float, float, int | float]:
@@ -356,7 +364,7 @@ def render(s: Summary) -> RenderableType:
     parts.append(rules)
     median, p90, top = s.weekly
     parts.append(Text.assemble(
-        ("Sends per user per week: ", "bold"),
+        (f"Sends per user {s.rate_name}: ", "bold"),
         f"median {median:.1f} · p90 {p90:.1f} · max {top:.1f}",
         ("  (messages accepted for the user; one message on two browsers is one send)", "dim"),
     ))
@@ -546,7 +554,7 @@ LEAD_MARKS = {"✓": "✓", "–": "– (the measure has not decided; nothing it
 
 def comparison(governed: Summary, off: Summary) -> tuple[Table, bool]:
     """Governed vs governor off, side by side; True when the governed run did better on both."""
-    table = Table(title=f"Governed vs governor off (same traffic, seed {governed.seed})", title_justify="left",
+    table = Table(title=f"Governed vs governor off (same story, seed {governed.seed})", title_justify="left",
                   title_style="bold")
     table.add_column("")
     table.add_column("governed", justify="right")
@@ -556,9 +564,9 @@ def comparison(governed: Summary, off: Summary) -> tuple[Table, bool]:
     rows = (
         ("messages handed to gov", _n(governed.messages_sent), _n(off.messages_sent)),
         ("messages delivered", _n(governed.total.delivered), _n(off.total.delivered)),
-        ("sends per user per week: median", f"{gm:.1f}", f"{om:.1f}"),
-        ("sends per user per week: p90", f"{gp:.1f}", f"{op:.1f}"),
-        ("sends per user per week: max", f"{gx:.1f}", f"{ox:.1f}"),
+        (f"sends per user {governed.rate_name}: median", f"{gm:.1f}", f"{om:.1f}"),
+        (f"sends per user {governed.rate_name}: p90", f"{gp:.1f}", f"{op:.1f}"),
+        (f"sends per user {governed.rate_name}: max", f"{gx:.1f}", f"{ox:.1f}"),
         ("clicks", _n(governed.event_messages("click")), _n(off.event_messages("click"))),
         ("users unsubscribed", _n(governed.unsubscribed), _n(off.unsubscribed)),
     )
@@ -712,11 +720,13 @@ def _histogram(runs: Sequence[Summary]) -> BarChart:
     bar = slot * 0.8 / len(runs)
     bars = [
         frame.bar(f"{b * width}", frame.left + b * slot + slot * 0.1 + i * bar, bar, 0, counts[i][b],
-                  RUN_COLORS[i % 2], f"{runs[i].label}: {counts[i][b]} users with {b * width}–{(b + 1) * width} a week")
+                  RUN_COLORS[i % 2],
+                  f"{runs[i].label}: {counts[i][b]} users with {b * width}–{(b + 1) * width} {runs[i].rate_name}")
         for b in range(bins) for i in range(len(runs))
     ]
     ticks = [(frame.left + (b + 0.5) * slot, f"{b * width}") for b in range(bins) if bins <= 16 or b % 2 == 0]
-    return frame.chart("sends_per_week", "Users by sends per week", "sends per user per week (bin start)", bars,
+    return frame.chart("sends_per_week", f"Users by sends {runs[0].rate_name}",
+                       f"sends per user {runs[0].rate_name} (bin start)", bars,
                        ticks, [(r.label, RUN_COLORS[i % 2]) for i, r in enumerate(runs)])
 
 
@@ -827,7 +837,7 @@ def _run_context(s: Summary) -> dict[str, Any]:
             {"text": line.plain, "ok": line.style == "green"} for line in [*collapse_lines(s), *expired_lines(s)]
         ],
         "blocking": [(r, t, a, f"{n:,}") for r, t, a, n in s.blocking],
-        "sends": f"Sends per user per week: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
+        "sends": f"Sends per user {s.rate_name}: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
                  f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests "
                  f"and verified, decrypted and accepted {s.push_decrypted:,}.",
         "engagement": f"Engagement: {engagement_text(s)}.",
@@ -851,20 +861,35 @@ def _run_context(s: Summary) -> dict[str, Any]:
     }
 
 
-def to_html(governed: Summary, off: Summary | None = None) -> str:
-    """The summary as one self-contained page: inline SVG, inline CSS, no script, nothing fetched."""
-    runs = [governed] if off is None else [governed, off]
+def to_html(governed: Summary, off: Summary | None = None, versus: Summary | None = None) -> str:
+    """The summary as one self-contained page: inline SVG, inline CSS, no script, nothing fetched.
+
+    ``off``: the same story with the governor off; ``versus``: under another policy (the
+    baseline of ``--policy FILE --compare``), compared as the terminal compares them.
+    """
+    runs = [governed] + [r for r in (off, versus) if r is not None]
     compare = None
-    if off is not None:
+    if versus is not None:
+        verdict = policy_verdict(governed, versus)
+        compare = {
+            "title": policy_title(governed, versus),
+            "columns": ("", governed.policy_name, versus.policy_name),
+            "rows": policy_rows(governed, versus),
+            "better": verdict.style == "bold green",
+            "verdict": verdict.plain,
+        }
+    elif off is not None:
         gm, gp, gx = governed.weekly
         om, op, ox = off.weekly
         compare = {
+            "title": f"Governed vs governor off (same story, seed {governed.seed})",
+            "columns": ("", "governed", "governor off"),
             "rows": [
                 ("messages handed to gov", f"{governed.messages_sent:,}", f"{off.messages_sent:,}"),
                 ("messages delivered", f"{governed.total.delivered:,}", f"{off.total.delivered:,}"),
-                ("sends per user per week: median", f"{gm:.1f}", f"{om:.1f}"),
-                ("sends per user per week: p90", f"{gp:.1f}", f"{op:.1f}"),
-                ("sends per user per week: max", f"{gx:.1f}", f"{ox:.1f}"),
+                (f"sends per user {governed.rate_name}: median", f"{gm:.1f}", f"{om:.1f}"),
+                (f"sends per user {governed.rate_name}: p90", f"{gp:.1f}", f"{op:.1f}"),
+                (f"sends per user {governed.rate_name}: max", f"{gx:.1f}", f"{ox:.1f}"),
                 ("clicks", f"{governed.event_messages('click'):,}", f"{off.event_messages('click'):,}"),
                 ("users unsubscribed", f"{governed.unsubscribed:,}", f"{off.unsubscribed:,}"),
             ],

@@ -1,0 +1,49 @@
+"""What runs with settings no test used found in `gov simulate`'s summary (stop 41): a run
+shorter than a week printed its users' sends scaled up to a week (one user's two sends in
+a day read "14 a week"), and `--policy FILE --compare --html` left the comparison, the
+verdict and the baseline's run out of the page."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+from rich.console import Console
+
+from gov.lab.simulate.summary import Summary, render, to_html
+from gov.lab.simulate.versus import policy_comparison
+from tests.unit.test_simulate_html import _summary
+
+
+def _text(renderable: object) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return " ".join(console.export_text().split())
+
+
+def test_a_run_shorter_than_a_week_counts_sends_over_its_days_not_per_week() -> None:
+    short = replace(_summary("governed", "default policy"), days=1, sends_per_user=(2,))
+    assert short.weekly == (2, 2, 2)
+    text = _text(render(short))
+    assert "Sends per user in 1 day: median 2.0 · p90 2.0 · max 2.0" in text and "per week" not in text
+    assert "Sends per user in 1 day: median 2.0" in to_html(short)
+    week = replace(_summary("governed", "default policy"), days=14, sends_per_user=(2,))
+    assert week.weekly == (1, 1, 1)  # two sends in two weeks: one a week
+    assert "Sends per user per week: median 1.0" in _text(render(week))
+
+
+def _policies() -> tuple[Summary, Summary]:
+    candidate = replace(_summary("policy mine.toml", "policy mine.toml"), unsubscribed=2)
+    baseline = replace(_summary("default policy", "default policy"), unsubscribed=4)
+    return candidate, baseline
+
+
+def test_the_page_of_a_policy_comparison_shows_what_the_terminal_shows() -> None:
+    candidate, baseline = _policies()
+    page = to_html(candidate, versus=baseline)
+    assert "policy mine.toml vs default policy (same story, seed 1)" in page
+    terminal = _text(policy_comparison(candidate, baseline))
+    for row in ("users unsubscribed", "clicks minus unsubscribes", "clicks per delivered non-P0 message"):
+        assert row in page and row in terminal
+    assert "did better than default policy" in page or "did not do better than default policy" in page
+    assert page.count('<section class="run">') == 2  # and the baseline's run, for a closer look
