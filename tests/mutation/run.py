@@ -43,6 +43,7 @@ SURFACE_TEST = "tests/migration/test_sql_surface.py"
 SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
+PROBE = "tests/acceptance/test_http_probe.py::"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
@@ -594,6 +595,91 @@ MUTANTS = [
         (("alembic/versions/0039_claim_plans.py", '    run_sql_file("migrations/0039_claim_plans.sql")\n',
           "    pass\n", 1),),
         ("tests/integration/test_claim_plan.py",),
+    ),
+    Mutant(
+        "hp1_nul_in_a_proof_reaches_the_database",
+        "a subscription proof's endpoint and auth are not checked for NUL bytes",
+        (("gov/http/models.py",
+          "MAX_ENDPOINT_LENGTH), AfterValidator(_storable)]\n"
+          "    auth: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_storable)]\n",
+          "MAX_ENDPOINT_LENGTH)]\n"
+          "    auth: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]\n", 1),),
+        (PROBE + "test_a_nul_byte_in_a_subscription_proof_is_a_422_not_a_503",),
+    ),
+    Mutant(
+        "hp2_abandoned_body_not_caught",
+        "a client that abandons its body is not caught: the server logs a traceback",
+        (("gov/http/app.py", "    except ClientDisconnect:\n", "    except ZeroDivisionError:\n", 1),),
+        (PROBE + "test_a_body_the_client_abandons_leaves_no_traceback",),
+    ),
+    Mutant(
+        "hp3_path_escapes_read_leniently",
+        "a path whose escapes are not UTF-8 is read with U+FFFD",
+        (("gov/http/app.py", "            if self.dependant.path_params:\n                _strict_path(request)\n",
+          "", 1),),
+        (PROBE + "test_percent_escapes_that_are_not_utf8_are_refused",),
+    ),
+    Mutant(
+        "hp4_door_reads_the_last_authorization",
+        "the fast send door takes the last of two Authorization headers",
+        (("gov/http/door.py", "                      and authorizations == 1)", ")", 1),),
+        (PROBE + "test_two_authorization_headers_are_refused_at_every_door",),
+    ),
+    Mutant(
+        "hp5_routes_read_the_first_authorization",
+        "the routes take the first of two Authorization headers",
+        (("gov/http/app.py", '        if len(request.headers.getlist("authorization")) > 1:',
+          '        if len(request.headers.getlist("authorization")) > 2:', 1),),
+        (PROBE + "test_two_authorization_headers_are_refused_at_every_door",),
+    ),
+    Mutant(
+        "hp6_trailing_slash_redirects",
+        "/path/ redirects to /path, the Location built from the Host header",
+        (("gov/http/app.py", "        redirect_slashes=False,\n", "        redirect_slashes=True,\n", 1),),
+        (PROBE + "test_a_trailing_slash_is_a_json_404_not_a_redirect_to_the_host_header",),
+    ),
+    Mutant(
+        "hp7_json_encoding_guessed",
+        "a body that is not UTF-8 is decoded as whatever it looks like",
+        (("gov/http/app.py", '        text = bytes(body).decode("utf-8")\n',
+          '        text = bytes(body).decode(json.detect_encoding(bytes(body)))\n',
+          1),),
+        (PROBE + "test_json_that_is_not_utf8_is_a_400",),
+    ),
+    Mutant(
+        "hp8_echoed_token_taken_without_a_secret",
+        "a beacon token echoed to a server without a beacon secret is taken",
+        (("gov/http/browser.py",
+          "            if beacon_keys is None:  # no push of this server carries one: no echo can be valid\n"
+          "                raise HTTPError(403, \"beacon token refused: this server has no beacon secret\")\n",
+          "            if beacon_keys is None:\n                return Response(status_code=204)\n", 1),),
+        (PROBE + "test_a_beacon_token_echoed_to_a_server_without_a_beacon_secret_is_refused",),
+    ),
+    Mutant(
+        "ds1_dead_handles_keep_the_server",
+        "gov db stop leaves the handle of a process that ended without letting go",
+        (("gov/db.py", "        if pid != os.getpid() and not _alive(pid):", "        if False:", 1),),
+        ("tests/acceptance/test_db_stop.py",),
+    ),
+    Mutant(
+        "es1_any_later_send_took_the_slot",
+        "the expired split counts a later send even where the held message had no room without it",
+        (("sql/queries_simulate.sql", "    HAVING bool_and(c.n < c.c)", "    HAVING true", 1),),
+        ("tests/integration/test_expired_split.py",),
+    ),
+    Mutant(
+        "sp1_short_runs_scaled_to_a_week",
+        "a run shorter than a week prints its sends scaled up to a week",
+        (("gov/lab/simulate/summary.py", "        return value * 7 / self.days if self.days >= 7 else value",
+          "        return value * 7 / self.days", 1),),
+        ("tests/unit/test_simulate_probe.py::"
+         "test_a_run_shorter_than_a_week_counts_sends_over_its_days_not_per_week",),
+    ),
+    Mutant(
+        "sp2_policy_comparison_not_on_the_page",
+        "the HTML page of --policy FILE --compare leaves the comparison out",
+        (("gov/lab/simulate/summary.py", "    if versus is not None:\n", "    if False:\n", 1),),
+        ("tests/unit/test_simulate_probe.py::test_the_page_of_a_policy_comparison_shows_what_the_terminal_shows",),
     ),
 ]
 
