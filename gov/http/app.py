@@ -6,7 +6,7 @@ Routes::
     POST /events                      the service worker's beacon (display, click, close, unsubscribe) → 204
     GET  /users/{id}/preferences      a user's time zone, quiet hours, own caps, topic opt-outs
     PUT  /users/{id}/preferences      replace them (all or nothing)
-    GET  /healthz                     200 when the database answers, else 503
+    GET  /healthz                     200 when the database answers (the app's pool and the sends'), else 503
     GET  /metrics                     Prometheus text format (gov.ops.metrics): counts only, no user data
     GET  /openapi.json                this API, described (generated from gov.http.models)
 
@@ -535,6 +535,9 @@ def create_app(
                 conn.execute(q("ping"))
 
         await run_in_threadpool(ping)
+        # and the sends' own pool: after a restart of the database it was the last to
+        # recover (an outside probe saw 20 s of 503s on /internal/send under a 200 here)
+        await sender.source.execute(q("ping"), {}, retry=False)
         return Health(ok=True)
 
     @app.get(

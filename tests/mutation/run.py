@@ -681,6 +681,12 @@ MUTANTS = [
         (("gov/lab/simulate/summary.py", "    if versus is not None:\n", "    if False:\n", 1),),
         ("tests/unit/test_simulate_probe.py::test_the_page_of_a_policy_comparison_shows_what_the_terminal_shows",),
     ),
+    Mutant(
+        "hp9_healthz_blind_to_the_sends_pool",
+        "/healthz reads the database through the app's pool only, not the sends' own",
+        (("gov/http/app.py", '        await sender.source.execute(q("ping"), {}, retry=False)\n', "", 1),),
+        (PROBE + "test_healthz_answers_for_the_sends_own_pool_too",),
+    ),
 ]
 
 
