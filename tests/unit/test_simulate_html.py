@@ -64,7 +64,7 @@ def test_the_page_shows_each_run_with_its_charts_and_crossovers() -> None:
     page = to_html(_summary("governed", "default policy"), _summary("governor off", "default policy"))
     charts = re.findall(r'<svg [^>]*data-chart="([^"]+)"', page)
     assert charts == ["sends_per_week", *(["dispositions", "daily", "ctr", "unsubscribe_rate"] * 2)]
-    assert "<h2>Governed vs governor off</h2>" in page and "<h2>Governed</h2>" in page
+    assert "<h2>Governed vs governor off (same story, seed 1)</h2>" in page and "<h2>Governed</h2>" in page
     assert '<g class="crossover" data-bucket="3">' in page  # the volume report's crossover, on both line charts
     assert "Marginal fatigue, all users: crossover at or before position 2 (confirmed" in page
     assert "Crossover by send position: the fatigue measure vs the simulated users&#39; truth (tolerance 1)" in page
