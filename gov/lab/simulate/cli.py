@@ -121,7 +121,10 @@ def simulate(
         try:
             load_policy(config)  # a bad file is refused before anything starts, as bad usage
         except GovError as exc:
-            raise click.BadParameter(" ".join(str(exc).split()), param_hint="'--policy'") from None
+            # one line, exit 2, as gov's own usage errors (also when run as this module)
+            click.echo(f"gov: error: Invalid value for '--policy': {' '.join(str(exc).split())} "
+                       "(see gov simulate --help)", err=True)
+            sys.exit(2)
         started = time.perf_counter()
         server = resolve_url(database_url)
         spent = cost_meter(server)
