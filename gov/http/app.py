@@ -185,7 +185,7 @@ def _strict_path(request: Request) -> None:
     ``bad%feid`` would both name the user ``bad\ufffdid``."""
     raw = request.scope.get("raw_path") or b""
     try:
-        unquote_to_bytes(raw.decode("ascii")).decode("utf-8")
+        unquote_to_bytes(raw).decode("utf-8")  # (raw bytes that are UTF-8 are read as uvicorn reads them)
     except UnicodeDecodeError:
         raise HTTPError(400, "the path's percent-escapes are not UTF-8") from None
 
