@@ -515,11 +515,14 @@ $$;
 -- ---------------------------------------------------------------- campaigns in bulk
 
 -- The plain ones among users already locked, each with its own message id: those
--- gov.decide_together can decide, with no earlier verdict for their message and, unless
--- the tier is exempt, no time zone, no caps of their own, no opt-out of the topic and no
--- segment with windows of its own. An empty or NULL id is never plain (gov.decide_core
--- refuses it). The tier must exist. Users come back in the order given.
-CREATE FUNCTION gov.plain_users(p_users text[], p_message_ids text[], p_tier text, p_topic text) RETURNS text[]
+-- gov.decide_together can decide at p_now, with no earlier verdict for their message and,
+-- unless the tier is exempt, outside their quiet hours at p_now (gov.quiet_until, the
+-- clock gov.decide_core consults: a time zone changes a decision only through it), no
+-- caps of their own, no opt-out of the topic and no segment with windows of its own. An
+-- empty or NULL id is never plain (gov.decide_core refuses it). The tier must exist.
+-- Users come back in the order given.
+CREATE FUNCTION gov.plain_users(p_users text[], p_message_ids text[], p_tier text, p_topic text,
+                                p_now timestamptz) RETURNS text[]
 LANGUAGE plpgsql
 -- (generic plans, as gov.decide_core: planning the probe for a batch of one cost more than running it)
 SET plan_cache_mode = force_generic_plan
@@ -543,7 +546,7 @@ BEGIN
            AND (v_exempt OR (
                     NOT EXISTS (SELECT 1 FROM gov.users u
                                  WHERE u.user_id = x.u
-                                   AND (u.time_zone IS NOT NULL
+                                   AND ((u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)
                                         OR EXISTS (SELECT 1 FROM gov.compiled_rules r
                                                     WHERE r.tier = p_tier AND r.topic = v_topic
                                                       AND r.segment = u.segment)))
@@ -558,8 +561,9 @@ $$;
 -- A campaign batch's first step on one server: lock every user of the batch (sorted,
 -- distinct), in that order, the order every batch uses, so two batches never wait on each
 -- other in a cycle (a single send locks one user only); then return the plain ones
--- (gov.plain_users) for the campaign's one message id.
-CREATE FUNCTION gov.lock_batch(p_users text[], p_message_id text, p_tier text, p_topic text) RETURNS text[]
+-- (gov.plain_users) for the campaign's one message id at p_now.
+CREATE FUNCTION gov.lock_batch(p_users text[], p_message_id text, p_tier text, p_topic text,
+                               p_now timestamptz) RETURNS text[]
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(x.u, 0))
@@ -567,7 +571,7 @@ BEGIN
       WHERE x.u <> ''
       ORDER BY x.n;
     RETURN gov.plain_users(p_users, array_fill(p_message_id, ARRAY[coalesce(cardinality(p_users), 0)]),
-                           p_tier, p_topic);
+                           p_tier, p_topic, p_now);
 END;
 $$;
 
@@ -748,7 +752,7 @@ BEGIN
     -- Bad input (an unknown tier, no message id, an empty user id) is decide_core's to refuse.
     IF p_message_id <> '' AND EXISTS (SELECT 1 FROM gov.tiers t WHERE t.tier = p_tier)
        AND NOT gov.distributed() THEN
-        v_plain := gov.lock_batch(v_users, p_message_id, p_tier, p_topic);
+        v_plain := gov.lock_batch(v_users, p_message_id, p_tier, p_topic, v_now);
         RETURN QUERY
         SELECT d.user_id, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, false
           FROM gov.decide_together(v_plain, p_message_id, p_tier, p_topic, p_campaign_id, v_now) d;
@@ -804,7 +808,7 @@ BEGIN
     -- Bad input (an unknown tier, no message id, a TTL under a second, an empty user id)
     -- is send_v1's to refuse.
     IF FOUND AND p_message_id <> '' AND (p_ttl_s IS NULL OR p_ttl_s >= 1) AND NOT gov.distributed() THEN
-        v_plain := gov.lock_batch(v_users, p_message_id, p_tier, p_topic);
+        v_plain := gov.lock_batch(v_users, p_message_id, p_tier, p_topic, v_now);
         SELECT coalesce(array_agg(d.user_id), '{}'), coalesce(array_agg(d.allowed), '{}'),
                coalesce(array_agg(d.action), '{}'), coalesce(array_agg(d.reason), '{}')
           INTO v_u, v_ok, v_action, v_reason
@@ -1007,7 +1011,7 @@ BEGIN
                AND (p_ttls[msg.n] IS NULL OR p_ttls[msg.n] >= 1)
              GROUP BY msg.t, msg.tp, msg.c
         LOOP
-            v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp);
+            v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp, v_now);
             CONTINUE WHEN cardinality(v_plain) = 0;
             RETURN QUERY
             WITH decided AS (

@@ -5,7 +5,7 @@ every kind, several messages of one user in a batch, repeated ids, every tier.""
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import time, timedelta
 from typing import Any
 
 import psycopg
@@ -15,6 +15,7 @@ from gov import policy as policy_mod
 from gov.aio import AsyncGovernor
 from gov.queries import q
 from gov.testing import PushService
+from gov.users import set_quiet_hours, set_time_zone
 from tests.aio import run_async
 from tests.integration.test_campaign_set import (
     CONTENT,
@@ -111,3 +112,29 @@ def test_plain_messages_of_a_batch_are_decided_together(db_url: str, conn: psyco
                                " WHERE schemaname = 'gov'").fetchall())
     assert calls.get("decide_together") == 1, calls
     assert "decide_core" not in calls, calls
+
+
+def test_users_with_a_time_zone_are_decided_together_outside_their_quiet_hours_only(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A time zone changes a decision only through quiet hours: at 12:00 UTC Berlin's users
+    (14:00 local) are decided together, Auckland's (00:00 local, inside 22:00–08:00) one by
+    one, and held for quiet hours as gov.send_v1 holds them."""
+    with conn.transaction():
+        for i in range(10):
+            set_time_zone(conn, f"tz{i}", "Europe/Berlin" if i % 2 else "Pacific/Auckland")
+            set_quiet_hours(conn, f"tz{i}", (time(22), time(8)))
+    with psycopg.connect(db_url, autocommit=True) as c, c.transaction():
+        c.execute("SET LOCAL track_functions = 'pl'")
+        params = {
+            "shard_key": None, "user_ids": [f"tz{i}" for i in range(10)], "message_ids": ["m"] * 10,
+            "tiers": ["P2"] * 10, "topics": [None] * 10, "campaign_ids": [None] * 10,
+            "contents": ['{"title": "t"}'] * 10, "collapse_keys": [None] * 10, "ttls": [None] * 10, "now": T0,
+        }
+        got = {r[0]: r[1:4] for r in c.execute(q("send_batch"), params).fetchall()}
+        calls = dict(c.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                               " WHERE schemaname = 'gov'").fetchall())
+    assert {n: v for n, v in got.items() if n % 2 == 0} == {n: (True, None, None) for n in (2, 4, 6, 8, 10)}
+    assert {n: v for n, v in got.items() if n % 2 == 1} == {n: (False, "defer", "quiet_hours") for n in (1, 3, 5, 7, 9)}
+    assert calls.get("decide_together") == 1, calls
+    assert calls.get("decide_core") == 5, calls  # Auckland's five, and no one else

@@ -687,6 +687,24 @@ MUTANTS = [
         (("gov/http/app.py", '        await sender.source.execute(q("ping"), {}, retry=False)\n', "", 1),),
         (PROBE + "test_healthz_answers_for_the_sends_own_pool_too",),
     ),
+    Mutant(
+        "pt1_time_zone_always_plain",
+        "a user with a time zone is plain whatever the hour: quiet hours skipped in the set path",
+        (("sql/migrations/0040_plain_time_zones.sql",
+          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false", 1),
+         ("sql/schema/20_decide.sql",
+          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false", 1)),
+        ("tests/integration/test_send_batch.py",),
+    ),
+    Mutant(
+        "pt2_time_zone_never_plain",
+        "a user with a time zone is never plain (migration 0039's rule): decided one by one",
+        (("sql/migrations/0040_plain_time_zones.sql",
+          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL", 1),
+         ("sql/schema/20_decide.sql",
+          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL", 1)),
+        ("tests/integration/test_send_batch.py::test_users_with_a_time_zone_are_decided_together_outside_their_quiet_hours_only",),
+    ),
 ]
 
 
