@@ -175,6 +175,11 @@ BEGIN
     IF p_message_id IS NULL OR p_message_id = '' THEN
         RAISE EXCEPTION 'message id is required (user %)', p_user_id USING ERRCODE = 'GV001';
     END IF;
+    IF NOT isfinite(v_now) THEN
+        -- a send row at infinity would sit in every window of the user's for ever
+        RAISE EXCEPTION 'the moment of a decision must be a finite time, not % (message % of user %)',
+            v_now, p_message_id, p_user_id USING ERRCODE = 'GV001';
+    END IF;
     SELECT * INTO v_tier FROM gov.policy_tier(p_tier) t;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown tier % for message % (the policy defines: %)', p_tier, p_message_id,
@@ -609,6 +614,9 @@ DECLARE
     v_topic text := '';
     v_spend text[];
 BEGIN
+    IF NOT isfinite(p_now) THEN  -- as gov.decide_core
+        RAISE EXCEPTION 'the moment of a decision must be a finite time, not %', p_now USING ERRCODE = 'GV001';
+    END IF;
     SELECT * INTO STRICT v_tier FROM gov.tiers t WHERE t.tier = p_tier;
     IF p_topic IS NOT NULL THEN
         v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)

@@ -16,6 +16,11 @@ DECLARE
     v_longest bigint;
     v_count   integer;
 BEGIN
+    -- a negative margin, or a moment at infinity, would delete rows a window still reads
+    IF p_margin < interval '0' OR NOT isfinite(v_now) THEN
+        RAISE EXCEPTION 'prune: the margin must not be negative and the moment must be finite (margin %, at %)',
+            p_margin, v_now USING ERRCODE = 'GV003';
+    END IF;
     -- the longest window any cap reads: the tiers', topics' and global ones, a segment's
     -- own windows (which may be longer than its tier's), and users' own caps
     SELECT greatest((SELECT coalesce(max(c.window_ms), 0) FROM gov.caps c),
@@ -49,6 +54,10 @@ DECLARE
     v_count integer;
     v_more  integer;
 BEGIN
+    IF p_keep < interval '0' OR NOT isfinite(v_cut) THEN
+        RAISE EXCEPTION 'prune: the history kept must not be negative and the moment must be finite (keep %, at %)',
+            p_keep, coalesce(p_now, clock_timestamp()) USING ERRCODE = 'GV003';
+    END IF;
     DELETE FROM gov.push_suppressions ps
      WHERE (ps.user_id, ps.id) IN (SELECT x.user_id, x.id FROM gov.push_suppressions x
                                     WHERE x.created_at < v_cut LIMIT p_batch);

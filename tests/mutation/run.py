@@ -44,6 +44,9 @@ SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
+INF_CORE = "    IF NOT isfinite(v_now) THEN\n        -- a send row"
+INF_CORE_OFF = "    IF false THEN\n        -- a send row"
+INF_TOGETHER = "    IF NOT isfinite(p_now) THEN  -- as gov.decide_core"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
@@ -704,6 +707,27 @@ MUTANTS = [
          ("sql/schema/20_decide.sql",
           "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL", 1)),
         ("tests/integration/test_send_batch.py::test_users_with_a_time_zone_are_decided_together_outside_their_quiet_hours_only",),
+    ),
+    Mutant(
+        "fm1_decision_at_infinity",
+        "gov.decide_core records a decision at an infinite moment",
+        (("sql/migrations/0041_finite_moments.sql", INF_CORE, INF_CORE_OFF, 1),
+         ("sql/schema/20_decide.sql", INF_CORE, INF_CORE_OFF, 1)),
+        ("tests/integration/test_hostile_moments.py",),
+    ),
+    Mutant(
+        "fm2_batch_at_infinity",
+        "gov.decide_together decides plain users at an infinite moment",
+        (("sql/migrations/0041_finite_moments.sql", INF_TOGETHER, "    IF false THEN", 1),
+         ("sql/schema/20_decide.sql", INF_TOGETHER, "    IF false THEN", 1)),
+        ("tests/integration/test_hostile_moments.py",),
+    ),
+    Mutant(
+        "fm3_prune_negative_margin",
+        "gov.prune_sends_v1 takes a negative margin",
+        (("sql/migrations/0041_finite_moments.sql", "    IF p_margin < interval '0' OR", "    IF false AND", 1),
+         ("sql/schema/60_operations.sql", "    IF p_margin < interval '0' OR", "    IF false AND", 1)),
+        ("tests/integration/test_hostile_moments.py",),
     ),
 ]
 
