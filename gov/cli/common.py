@@ -6,10 +6,11 @@ Imports nothing heavy: :mod:`gov.cli.main` loads a command's module only when it
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -75,8 +76,28 @@ def checked_connection(url: str | None) -> Iterator[tuple[str, psycopg.Connectio
             yield resolved, conn
 
 
-def parse_at(value: str | None) -> datetime | None:
-    """``--at``: an explicit, zone-aware ISO 8601 time instead of the database clock."""
+class FiniteRange(click.FloatRange):
+    """A click.FloatRange that refuses nan and inf too: the range lets both through (a
+    nan idle made a busy loop, an inf one a traceback)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+#: How far a decision's ``--at`` may lie ahead of this machine's clock: the skew between hosts.
+AT_SKEW = timedelta(minutes=5)
+
+
+def parse_at(value: str | None, *, decides: bool = False) -> datetime | None:
+    """``--at``: an explicit, zone-aware ISO 8601 time instead of the database clock.
+
+    For a command that decides (``decides``), not in the future: a decision spends its
+    budget at its moment, so one dated ahead holds a slot of the user's until then (a
+    typo of 9999 for 2026, for ever). Reports and checks may look at any moment.
+    """
     if value is None:
         return None
     try:
@@ -85,6 +106,9 @@ def parse_at(value: str | None) -> datetime | None:
         raise GovError(f"--at: not an ISO 8601 time: {value!r}") from None
     if at.tzinfo is None:
         raise GovError(f"--at: give a time zone offset (e.g. {value}Z or {value}+00:00)")
+    if decides and at > datetime.now(UTC) + AT_SKEW:
+        raise GovError(f"--at {value}: in the future; a decision spends its budget at its moment, so one "
+                       "dated ahead would hold the slot until then (to deliver later: --at best --within D)")
     return at
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from gov.cli.common import checked_connection, dsn, option, parse_at, url_option
+from gov.cli.common import FiniteRange, checked_connection, dsn, option, parse_at, url_option
 from gov.cli.common import signer as load_signer
 
 
@@ -46,13 +46,13 @@ def deadlines_or_usage_error(lease: float, timeout: float) -> None:
 @option("--workers", type=click.IntRange(1, 256), default=8, help="Concurrent HTTP requests per process.")
 @option("--processes", type=click.IntRange(1, 256), default=None, show_default="the machine's cores",
         help="Runner processes, each with its own workers, connections and name; SIGTERM stops them all.")
-@option("--lease", type=click.FloatRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
-@option("--timeout", type=click.FloatRange(0.1), default=10.0,
+@option("--lease", type=FiniteRange(0.1), default=60.0, help="Seconds a claimed row stays this runner's.")
+@option("--timeout", type=FiniteRange(0.1), default=10.0,
         help="Seconds for a whole attempt (connect, send, read); shorter than --lease.")
 @option("--batch", type=click.IntRange(1, 10_000), default=None,
         show_default="as many as the workers can attempt in one lease, at most 4 each",
         help="Rows claimed (and recorded) together; rows with no time left in the lease go back unsent.")
-@option("--idle", type=click.FloatRange(0.01), default=1.0, help="Seconds between polls when idle.")
+@option("--idle", type=FiniteRange(0.01, 86_400), default=1.0, help="Seconds between polls when idle.")
 @option("--metrics-port", type=click.IntRange(0, 65535), default=None,
         help="Serve this runner's Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).")
 @url_option
@@ -144,7 +144,7 @@ class DispatcherWhenNeeded:
 @option("--batch", type=click.IntRange(1, 10_000), default=200, help="Held messages per transaction.")
 @option("--at", default=None, help="Release as of this ISO 8601 time (a simulation clock) instead of now.")
 @option("--dispatch/--no-dispatch", default=True, help="Deliver what is released at once (needs the VAPID key).")
-@option("--idle", type=click.FloatRange(0.01), default=5.0, help="Seconds between rounds when looping.")
+@option("--idle", type=FiniteRange(0.01, 86_400), default=5.0, help="Seconds between rounds when looping.")
 @url_option
 def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float, database_url: str | None) -> None:
     """Release deferred, quiet-held and collapsed messages whose time has come."""
@@ -153,7 +153,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
 
     from gov.hold.release import Releaser
 
-    when = parse_at(at)
+    when = parse_at(at, decides=True)
     clock = (lambda: when) if when is not None else None
     signer = load_signer() if dispatch else None  # a missing key is refused before any work
 

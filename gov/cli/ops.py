@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from gov.cli.common import FiniteRange, dsn, duration, option, parse_at, url_option
 from gov.cli.common import console as make_console
-from gov.cli.common import dsn, duration, option, parse_at, url_option
 from gov.errors import GovError
 
 
@@ -205,7 +205,7 @@ def check(
         help="Database connections of the routes other than /internal/send (per process).")
 @option("--workers", envvar="GOV_SERVE_WORKERS", type=click.IntRange(1, 64), default=1,
         help="Server processes sharing the port, each with its own pools.")
-@option("--batch-window-ms", envvar="GOV_SERVE_BATCH_WINDOW_MS", type=click.FloatRange(0, 1000), default=1.0,
+@option("--batch-window-ms", envvar="GOV_SERVE_BATCH_WINDOW_MS", type=FiniteRange(0, 1000), default=1.0,
         help="How long a send may wait for others to be decided with it in one statement, while the "
         "database is busy with another batch (0: only those already waiting).")
 @option("--batch-max", envvar="GOV_SERVE_BATCH_MAX", type=click.IntRange(1, 1000), default=64,

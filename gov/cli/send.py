@@ -35,7 +35,7 @@ def decide(
     from gov.message import Message
 
     message = Message(user_id=user_id, id=message_id, tier=tier, topic=topic, campaign_id=campaign)
-    when = parse_at(at)
+    when = parse_at(at, decides=True)
     with Governor(dsn(database_url), pool_size=1) as gov:
         verdict = gov.decide(message, at=when)
     click.echo(json.dumps(verdict.as_json(), separators=(",", ":")))
@@ -95,7 +95,7 @@ def send(
         title=title, body=body, url=url, collapse_key=collapse_key, ttl=ttl,
     )
     message.content()  # refuse a bad payload before touching the database
-    when = parse_at(at)
+    when = parse_at(at, decides=True)
     signer = load_signer() if deliver else None
     with Governor(dsn(database_url), pool_size=2, signer=signer) as gov:
         result = gov.send(message, at=when, deliver=deliver)
@@ -150,6 +150,7 @@ def send_campaign(
         at = None
     elif within is not None:
         raise click.UsageError("--within goes with --at best")
+    when = parse_at(at, decides=True)
 
     template = Message(
         user_id="-", id=message_id, tier=tier, topic=topic, campaign_id=campaign,
@@ -158,7 +159,7 @@ def send_campaign(
     template.content()
     user_ids = [line.strip() for line in read_stream(users_file, "--users").splitlines() if line.strip()]
     with Governor(dsn(database_url), pool_size=connections) as gov:
-        results = gov.send_many(template, user_ids, at=parse_at(at), batch=batch, connections=connections,
+        results = gov.send_many(template, user_ids, at=when, batch=batch, connections=connections,
                                 best_within=best_within)
     outcome = Counter("sent" if r.sent else f"{r.decision.action}:{r.decision.reason}" for _, r in results)
     summary: dict[str, Any] = {"users": len(results), **dict(sorted(outcome.items()))}

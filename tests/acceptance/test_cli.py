@@ -44,6 +44,8 @@ def test_bad_input_is_one_line_and_records_nothing(db_url: str, conn: psycopg.Co
         ["--user", "u", "--tier", "urgent", "--id", "m"],
         ["--user", "", "--tier", "P1", "--id", "m"],
         ["--user", "u", "--tier", "P1", "--id", "m", "--at", "yesterday"],
+        # a decision dated ahead would hold the user's slot until then (a typo: for ever)
+        ["--user", "u", "--tier", "P1", "--id", "m", "--at", "9999-12-31T23:59:59Z"],
     ):
         r = gov(db_url, "decide", *args)
         assert r.returncode == 1, r

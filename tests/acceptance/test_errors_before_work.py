@@ -75,6 +75,11 @@ def test_usage_errors_of_the_long_commands_are_one_line(tmp_path: Path) -> None:
         (["simulate", "--policy", str(no_p0)], "--policy"),
         (["bench", "--json", str(tmp_path)], "--json"),
         (["serve", "--port", "70000"], "--port"),
+        # click's float range lets nan and inf through: a nan idle was a busy loop, inf a traceback
+        (["release", "--idle", "nan"], "--idle"),
+        (["dispatch", "--idle", "inf"], "--idle"),
+        (["dispatch", "--once", "--lease", "nan"], "--lease"),
+        (["serve", "--batch-window-ms", "nan"], "--batch-window-ms"),
     ):
         r = gov(*args, env=env)
         assert r.returncode == 2, (args, r.stderr)

@@ -729,6 +729,18 @@ MUTANTS = [
          ("sql/schema/60_operations.sql", "    IF p_margin < interval '0' OR", "    IF false AND", 1)),
         ("tests/integration/test_hostile_moments.py",),
     ),
+    Mutant(
+        "fr1_nan_seconds_accepted",
+        "the CLI's float options take nan and inf, as click's range does",
+        (("gov/cli/common.py", "        if not math.isfinite(rv):", "        if False:", 1),),
+        ("tests/acceptance/test_errors_before_work.py::test_usage_errors_of_the_long_commands_are_one_line",),
+    ),
+    Mutant(
+        "fa1_decision_dated_ahead",
+        "gov decide takes an --at in the future",
+        (("gov/cli/common.py", "    if decides and at > datetime.now(UTC) + AT_SKEW:", "    if False:", 1),),
+        ("tests/acceptance/test_cli.py::test_bad_input_is_one_line_and_records_nothing",),
+    ),
 ]
 
 
