@@ -26,9 +26,10 @@ URGENCIES = ("very-low", "low", "normal", "high")
 DEFAULT_DEFER_MAX_MS = 6 * 3600 * 1000  # milliseconds: the seeds' ceiling on a deferral
 DEFAULT_TTL_S = 86400  # seconds
 MAX_CAP = 1_000_000  # sends in one window: a cap above this is a typo, not a policy
+MAX_JITTER_MS = 3_600_000  # milliseconds: releases are spread over the first hour, as the seeds do
 MAX_DURATION_MS = 366 * 86_400_000  # milliseconds: no window, TTL or wait is longer than a year
 _UNITS_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+)\s*(ms|s|m|h|d)\s*$")  # ASCII digits: int() reads "２4h" too
 _TIER_NAME = re.compile(r"^P[0-9]$")
 _TIER_KEYS = {"exempt", "windows", "on_exceed", "defer_max", "consumes", "ttl", "urgency", "segments"}
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
@@ -497,6 +498,17 @@ def _build(data: dict[str, Any], where: _Locator, source: str) -> Policy:
     if not tiers["P0"].exempt:
         raise refuse("tiers.P0", None, "tier P0 (transactional) must be exempt = true: it is never capped, "
                                        "deferred or quieted")
+    # Every held message waits up to the jitter past its slot: a jitter longer than an hour
+    # (the seeds spread releases over the first hour) or than a held tier's TTL would hold
+    # messages past their deadlines, and they would expire instead of going out.
+    if jitter_ms > MAX_JITTER_MS:
+        raise refuse("quiet_hours", "jitter", f"quiet_hours jitter: at most {format_duration(MAX_JITTER_MS)} "
+                     f"(got {format_duration(jitter_ms)}): releases are spread over the first hour")
+    for tier in sorted(tiers.values(), key=lambda t: t.name):
+        if not tier.exempt and jitter_ms >= tier.ttl_s * 1000:
+            raise refuse("quiet_hours", "jitter", f"quiet_hours jitter {format_duration(jitter_ms)} is not shorter "
+                         f"than tier {tier.name}'s ttl {format_duration(tier.ttl_s * 1000)}: its held messages "
+                         "would expire waiting for their jitter")
     return Policy(
         tiers, topics, global_windows, quiet_start, quiet_end, jitter_ms, engaged_ms, dormant_ms, per_minute,
         timing_enabled, p1_max_delay_ms, float(explore),

@@ -741,6 +741,13 @@ MUTANTS = [
         (("gov/cli/common.py", "    if decides and at > datetime.now(UTC) + AT_SKEW:", "    if False:", 1),),
         ("tests/acceptance/test_cli.py::test_bad_input_is_one_line_and_records_nothing",),
     ),
+    Mutant(
+        "jt1_jitter_unbounded",
+        "a quiet-hours jitter longer than a held tier's TTL (or than an hour) is applied",
+        (("gov/policy.py", "    if jitter_ms > MAX_JITTER_MS:", "    if False:", 1),
+         ("gov/policy.py", "        if not tier.exempt and jitter_ms >= tier.ttl_s * 1000:", "        if False:", 1)),
+        ("tests/unit/test_policy.py::test_a_jitter_that_would_hold_messages_past_their_deadlines_is_refused",),
+    ),
 ]
 
 

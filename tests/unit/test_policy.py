@@ -169,3 +169,27 @@ def test_malformed_segments_name_line_and_reason(text: str, line: int, reason: s
         parse_policy(text, "p.toml")
     assert str(exc.value).startswith(f"p.toml:{line}: "), str(exc.value)
     assert reason in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("jitter", "ttl", "reason"),
+    [
+        ("2h", None, "at most 1h"),  # held messages spread over two hours: past many deadlines
+        ("30m", "30m", "not shorter than tier P1's ttl 30m"),  # every held P1 would wait past its TTL
+    ],
+)
+def test_a_jitter_that_would_hold_messages_past_their_deadlines_is_refused(
+    jitter: str, ttl: str | None, reason: str
+) -> None:
+    text = default_policy_text().replace('jitter = "10m"', f'jitter = "{jitter}"')
+    if ttl is not None:
+        text = text.replace('consumes = ["P1"]\nttl = "24h"', f'consumes = ["P1"]\nttl = "{ttl}"', 1)
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text, "p.toml")
+    assert str(exc.value).startswith("p.toml:") and reason in str(exc.value), str(exc.value)
+    assert parse_policy(default_policy_text().replace('jitter = "10m"', 'jitter = "1h"')).jitter_ms == 3_600_000
+
+
+def test_durations_are_ascii_digits() -> None:
+    with pytest.raises(ValueError):
+        parse_duration("\uff124h", "x")  # a full-width 2: int() would read it as 24h
