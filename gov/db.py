@@ -64,7 +64,9 @@ def translate_errors() -> Iterator[None]:
         if domain is not None:
             raise domain(primary) from exc
         if _is_connection_loss(exc):
-            raise ConnectionLost(f"database connection lost: {primary}".strip()) from exc
+            # (psycopg's own text says whether it never connected: "connection failed: …")
+            what = "database" if primary.startswith("connection failed") else "database connection lost:"
+            raise ConnectionLost(f"{what} {primary}".strip()) from exc
         raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
 
 
@@ -127,7 +129,14 @@ class Source:
                 kwargs={"autocommit": True, "prepare_threshold": 0},
             )
             with translate_errors():
-                self._owned_pool.open(wait=True, timeout=pool_timeout)
+                try:
+                    self._owned_pool.open(wait=True, timeout=pool_timeout)
+                except psycopg_pool.PoolTimeout:
+                    # the pool only says it got no connection in time: ask once ourselves, so
+                    # the error names the cause (no such database, a refused password)
+                    self._owned_pool.close()
+                    psycopg.connect(source, connect_timeout=max(2, int(pool_timeout))).close()
+                    raise
             self._pool = self._owned_pool
         elif isinstance(source, psycopg_pool.ConnectionPool):
             self._pool = source

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import psycopg
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from alembic import command, op
 from gov.db import sqlalchemy_url
@@ -45,8 +47,25 @@ def _run(url: str, fn: Callable[..., T], *args: Any) -> T:
     try:
         with engine.begin() as conn:
             return fn(conn, *args)
+    except DBAPIError as exc:
+        # psycopg's own error, which gov.db.translate_errors turns into one line (a database
+        # that does not exist, a refused connection), not SQLAlchemy's wrapper and traceback
+        if isinstance(exc.orig, psycopg.Error):
+            raise exc.orig from None
+        raise
     finally:
         engine.dispose()
+
+
+def _known(conn: Any) -> str | None:
+    """The database's revision; SchemaMismatch when this code does not ship it (a newer gov's)."""
+    have = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    if have is not None and have not in revisions():
+        from gov.errors import SchemaMismatch
+
+        raise SchemaMismatch(f"database schema is at revision {have}, which this gov (head {head()}) does not ship: "
+                             "a newer gov migrated it; run that version")
+    return have
 
 
 def upgrade(url: str, revision: str = "head") -> list[str]:
@@ -58,6 +77,7 @@ def upgrade(url: str, revision: str = "head") -> list[str]:
     """
 
     def go(conn: Any) -> None:
+        _known(conn)
         command.upgrade(_config(conn), revision)
         if revision == "head" and conn.execute(text("SELECT count(*) FROM gov.tiers")).scalar() == 0:
             from gov import policy
@@ -99,6 +119,6 @@ def current(url: str) -> str | None:
 def pending(url: str) -> list[str]:
     """Revisions not yet applied, oldest first (empty when the database is at head)."""
     script = ScriptDirectory.from_config(_config(None))
-    now = current(url)
+    now = _run(url, _known)
     revs = [r.revision for r in script.iterate_revisions(head(), now)]
     return list(reversed(revs))

@@ -12,6 +12,7 @@ Each command lives in the module of its concern and is imported only when it run
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -100,6 +101,9 @@ class _Main(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
+        # The pool logs each failed connection attempt as a warning (three, with a traceback's
+        # worth of text, before its timeout); a command ends with one line of its own instead.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         try:
             return super().invoke(ctx)
         except GovError as exc:

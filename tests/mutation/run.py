@@ -748,6 +748,24 @@ MUTANTS = [
          ("gov/policy.py", "        if not tier.exempt and jitter_ms >= tier.ttl_s * 1000:", "        if False:", 1)),
         ("tests/unit/test_policy.py::test_a_jitter_that_would_hold_messages_past_their_deadlines_is_refused",),
     ),
+    Mutant(
+        "de1_unknown_revision_not_named",
+        "a database at a revision this gov does not ship goes on to Alembic (a traceback)",
+        (("gov/migrate.py", "    if have is not None and have not in revisions():", "    if False:", 1),),
+        ("tests/acceptance/test_db_errors.py::test_a_database_a_newer_gov_migrated_is_one_line",),
+    ),
+    Mutant(
+        "de2_sqlalchemy_error_not_unwrapped",
+        "a migration's connection error stays SQLAlchemy's (a traceback)",
+        (("gov/migrate.py", "        if isinstance(exc.orig, psycopg.Error):", "        if False:", 1),),
+        ("tests/acceptance/test_db_errors.py::test_a_database_that_does_not_exist_is_one_line_naming_it",),
+    ),
+    Mutant(
+        "de3_pool_timeout_not_diagnosed",
+        "a pool that could not open says only that it timed out",
+        (("gov/db.py", "psycopg.connect(source, connect_timeout=max(2, int(pool_timeout))).close()", "None", 1),),
+        ("tests/acceptance/test_db_errors.py::test_a_database_that_does_not_exist_is_one_line_naming_it",),
+    ),
 ]
 
 
