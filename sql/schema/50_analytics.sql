@@ -794,7 +794,10 @@ SELECT s.campaign_id, s.blocked_by, s.suppressed, s.users, d.decided,
               GROUP BY m.campaign_id) d
          ON d.campaign_id = s.campaign_id;
 
--- Suppressions per tier and UTC day, by what became of them.
+-- Suppressions per tier and UTC day, by what the decision did with them: dropped at once
+-- (a drop verb, an opt-out, a hold that could not last to its deadline), deferred
+-- (quiet hours, a defer verb) or collapsed. What became of a held one later (released,
+-- dropped at release, expired) is gov.deferral_outcomes'.
 CREATE VIEW gov.suppressions_daily AS
 SELECT (ps.created_at AT TIME ZONE 'UTC')::date AS day, ps.tier,
        count(*) AS suppressed,
