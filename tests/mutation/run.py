@@ -766,6 +766,15 @@ MUTANTS = [
         (("gov/db.py", "psycopg.connect(source, connect_timeout=max(2, int(pool_timeout))).close()", "None", 1),),
         ("tests/acceptance/test_db_errors.py::test_a_database_that_does_not_exist_is_one_line_naming_it",),
     ),
+    Mutant(
+        "iv1_interval_outside_its_domain",
+        "gov.wilson_interval_v1 computes an interval for counts that are no proportion's",
+        (("sql/migrations/0042_interval_domain.sql", "p_trials > 0 AND p_successes BETWEEN 0 AND p_trials AND p_z >= 0",
+          "p_trials > 0", 1),
+         ("sql/schema/50_analytics.sql", "p_trials > 0 AND p_successes BETWEEN 0 AND p_trials AND p_z >= 0",
+          "p_trials > 0", 1)),
+        ("tests/integration/test_interval_domain.py",),
+    ),
 ]
 
 
