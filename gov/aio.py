@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from gov.db import AsyncSource, Source
 from gov.errors import ConfigurationError, ConnectionLost, InvalidInput, PoolTimeout
@@ -267,7 +267,8 @@ class AsyncGovernor:
         try:
             async with self.source.connection() as conn:
                 try:
-                    cur = await conn.execute(q("record_event"), params)
+                    cur = conn.cursor(row_factory=tuple_row)  # the caller's connection may make dicts
+                    await cur.execute(q("record_event"), params)
                     row = await cur.fetchone()
                 except psycopg.Error as exc:
                     if exc.sqlstate == REFUSED_SQLSTATE and exc.diag.message_primary:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 if TYPE_CHECKING:
     # imported where a pool is made (Source, AsyncSource): a command that needs one
@@ -210,11 +211,10 @@ class Source:
         delay = 0.05  # seconds, doubling: a restart takes about a second
         while True:
             try:
-                with self.connection() as conn:
-                    if row_factory is None:
-                        return conn.execute(query, params).fetchall()
-                    with conn.cursor(row_factory=row_factory) as cur:
-                        return cur.execute(query, params).fetchall()
+                # the row factory is always gov's own: a caller's connection or pool may make
+                # dicts (dict_row), and a campaign once unpacked a dict's keys as its audience
+                with self.connection() as conn, conn.cursor(row_factory=row_factory or tuple_row) as cur:
+                    return cur.execute(query, params).fetchall()
             except ConnectionLost:
                 if not retry or self.external_transaction or time.monotonic() + delay > deadline:
                     raise
@@ -344,9 +344,7 @@ class AsyncSource:
         delay = 0.05  # seconds, doubling: a restart takes about a second
         while True:
             try:
-                async with self.connection() as conn, (
-                    conn.cursor(row_factory=row_factory) if row_factory else conn.cursor()
-                ) as cur:
+                async with self.connection() as conn, conn.cursor(row_factory=row_factory or tuple_row) as cur:
                     await cur.execute(query, params)
                     return await cur.fetchall()
             except ConnectionLost:

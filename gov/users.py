@@ -7,6 +7,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from gov.db import translate_errors
 from gov.errors import PolicyError
@@ -52,7 +53,7 @@ def set_time_zone(conn: psycopg.Connection[Any], user_id: str, time_zone: str | 
     with translate_errors(), conn.transaction():
         if time_zone is not None and time_zone not in _KNOWN_ZONES:
             # pg_timezone_names reads every zone file (about 10 ms): ask once per zone
-            row = conn.execute(q("known_time_zone"), {"tz": time_zone}).fetchone()
+            row = conn.cursor(row_factory=tuple_row).execute(q("known_time_zone"), {"tz": time_zone}).fetchone()
             if not row or not row[0]:
                 raise PolicyError(f"the database does not know the time zone {time_zone!r}")
             _KNOWN_ZONES.add(time_zone)
@@ -86,7 +87,7 @@ def set_quiet_hours(conn: psycopg.Connection[Any], user_id: str, window: tuple[t
     start, end = window if window else (None, None)
     with translate_errors(), conn.transaction():
         if window is not None:
-            row = conn.execute(q("user_settings"), {"user_id": user_id}).fetchone()
+            row = conn.cursor(row_factory=tuple_row).execute(q("user_settings"), {"user_id": user_id}).fetchone()
             if row is None or row[0] is None:
                 raise PolicyError(
                     f"user {user_id} has no time zone, and quiet hours apply in the user's own time: "
@@ -115,5 +116,5 @@ def set_segment(conn: psycopg.Connection[Any], user_id: str, segment: str | None
 
 def segment_of(conn: psycopg.Connection[Any], user_id: str) -> str | None:
     """The segment ``user_id`` is in now (None: none, or a user gov has not seen)."""
-    row = conn.execute(q("user_segment"), {"user_id": user_id}).fetchone()
+    row = conn.cursor(row_factory=tuple_row).execute(q("user_segment"), {"user_id": user_id}).fetchone()
     return row[0] if row else None

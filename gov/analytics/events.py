@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from gov.db import Source
 from gov.errors import InvalidInput
@@ -94,7 +95,7 @@ def record_event(
     try:
         with src.connection() as conn:
             try:
-                row = conn.execute(
+                row = conn.cursor(row_factory=tuple_row).execute(  # the caller's connection may make dicts
                     q("record_event"),
                     {
                         "user_id": user_id,
