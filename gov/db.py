@@ -35,7 +35,15 @@ if TYPE_CHECKING:
     # connection (the cron path) does not pay for the pool package
     import psycopg_pool
 
-from gov.errors import ConnectionLost, DatabaseError, InvalidInput, InvalidMessage, PolicyError, PoolTimeout
+from gov.errors import (
+    ConfigurationError,
+    ConnectionLost,
+    DatabaseError,
+    InvalidInput,
+    InvalidMessage,
+    PolicyError,
+    PoolTimeout,
+)
 
 log = logging.getLogger("gov.db")
 
@@ -111,6 +119,7 @@ class Source:
 
         self._owned_pool: psycopg_pool.ConnectionPool | None = None
         self._pool: psycopg_pool.ConnectionPool | None = None
+        self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
         self._engine: Any = None
         self._sa_conn: Any = None
@@ -175,6 +184,8 @@ class Source:
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """One unit of work. Commits on success unless the caller owns the transaction."""
+        if self._closed:
+            raise ConfigurationError("this governor is closed")
         with translate_errors():
             if self._conn is not None:
                 if self._sa_conn is not None and not self._sa_conn.in_transaction():
@@ -225,6 +236,7 @@ class Source:
     def close(self) -> None:
         """Close what gov opened itself; never a pool or connection it was given."""
         if self._owned_pool is not None:
+            self._closed = True  # a later use is an error of its own, not a lost connection
             self._owned_pool.close()
             self._owned_pool = None
 
@@ -252,15 +264,14 @@ class AsyncSource:
         self._engine: Any = None
         self._sa_conn: Any = None
         self._opened = False
+        self._closed = False
         self._open_lock: asyncio.Lock | None = None
         self.pool_timeout = pool_timeout
         self.dsn: str | None = None
+        self._pool_size = pool_size
         if isinstance(source, str):
             self.dsn = source
-            self._owned_pool = psycopg_pool.AsyncConnectionPool(
-                source, min_size=1, max_size=pool_size, timeout=pool_timeout, open=False,
-                kwargs={"autocommit": True, "prepare_threshold": 0},  # as Source: one statement per unit
-            )
+            self._owned_pool = self._new_pool(source)
             self._pool = self._owned_pool
         elif isinstance(source, psycopg_pool.AsyncConnectionPool):
             self._pool = source
@@ -292,17 +303,50 @@ class AsyncSource:
         """True when work happens in a connection (and transaction) the caller owns."""
         return self._conn is not None or self._sa_conn is not None
 
+    def _new_pool(self, dsn: str) -> psycopg_pool.AsyncConnectionPool:
+        import psycopg_pool
+
+        return psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=1, max_size=self._pool_size, timeout=self.pool_timeout, open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 0},  # as Source: one statement per unit
+        )
+
     async def open(self) -> None:
-        """Open the pool gov owns (waiting for its first connection); a no-op otherwise."""
+        """Open the pool gov owns (waiting for its first connection); a no-op otherwise.
+
+        A first use that fails (the database not up yet) or is cancelled (a request's
+        timeout) leaves a pool psycopg_pool cannot open again: it is closed and a new one
+        put in its place, so the next use tries afresh.
+        """
+        if self._closed:
+            raise ConfigurationError("this governor is closed")
         if self._owned_pool is None or self._opened:
             return
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
-            if not self._opened:
+            if self._opened:
+                return
+            import psycopg_pool
+
+            pool = self._owned_pool
+            try:
                 with translate_errors():
-                    await self._owned_pool.open(wait=True, timeout=self.pool_timeout)
-                self._opened = True
+                    try:
+                        await pool.open(wait=True, timeout=self.pool_timeout)
+                    except psycopg_pool.PoolTimeout:
+                        # name the cause (no such database, a refused password), as Source does
+                        assert self.dsn is not None
+                        await (await psycopg.AsyncConnection.connect(
+                            self.dsn, connect_timeout=max(2, int(self.pool_timeout)))).close()
+                        raise
+            except BaseException:
+                assert self.dsn is not None
+                self._owned_pool = self._pool = self._new_pool(self.dsn)
+                with contextlib.suppress(Exception):
+                    await pool.close()
+                raise
+            self._opened = True
 
     async def _driver(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is not None:
@@ -357,6 +401,7 @@ class AsyncSource:
     async def close(self) -> None:
         """Close what gov opened itself; never a pool or connection it was given."""
         if self._owned_pool is not None:
+            self._closed = True  # a later use is an error of its own, not a lost connection
             await self._owned_pool.close()
             self._owned_pool = None
 

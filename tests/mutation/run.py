@@ -68,7 +68,7 @@ MUTANTS = [
         "the decision takes the user's own cap instead of least(default, user)",
         (
             ("sql/schema/20_decide.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
-            ("sql/migrations/0034_cluster_statements.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
+            ("sql/migrations/0041_finite_moments.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
         ),
         (
             "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
@@ -128,7 +128,7 @@ MUTANTS = [
         "decide_core holds every user to the tier's own windows, whatever their segment",
         (
             ("sql/schema/20_decide.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
-            ("sql/migrations/0034_cluster_statements.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
+            ("sql/migrations/0041_finite_moments.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
         ),
         (
             "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
@@ -155,7 +155,7 @@ MUTANTS = [
         "gov.decide_together takes a user's first blocking window in window order, not decision order",
         (
             ("sql/schema/20_decide.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
-            ("sql/migrations/0024_send_batch.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+            ("sql/migrations/0041_finite_moments.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
         ),
         ("tests/integration/test_campaign_set.py::test_a_batch_gives_every_user_the_one_by_one_decision",),
     ),
@@ -179,7 +179,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
-            ("sql/migrations/0034_cluster_statements.sql",
+            ("sql/migrations/0041_finite_moments.sql",
              "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
         ),
@@ -194,7 +194,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
              "JOIN gov.tiers t ON t.tier = msg.t", 1),
-            ("sql/migrations/0024_send_batch.sql",
+            ("sql/migrations/0040_plain_time_zones.sql",
              "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
              "JOIN gov.tiers t ON t.tier = msg.t", 1),
         ),
@@ -217,7 +217,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
-            ("sql/migrations/0024_send_batch.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
+            ("sql/migrations/0040_plain_time_zones.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
         ),
         ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
@@ -414,7 +414,7 @@ MUTANTS = [
                 "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN",
              "        IF p_topic IS NOT NULL OR true THEN\n            PERFORM 1 FROM gov.user_topic_optouts o "
              "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN", 1)
-            for f in ("sql/schema/20_decide.sql", "sql/migrations/0034_cluster_statements.sql")
+            for f in ("sql/schema/20_decide.sql", "sql/migrations/0041_finite_moments.sql")
         ),
         ("-m", "citus",
          "tests/citus/test_statement_shapes.py::test_a_plain_decision_runs_only_its_shards_statements_through_citus"),
@@ -780,6 +780,19 @@ MUTANTS = [
         "gov reads its rows with the caller's row factory (dicts from a dict_row connection)",
         (("gov/db.py", "row_factory=row_factory or tuple_row", "row_factory=row_factory or conn.row_factory", 2),),
         ("tests/integration/test_dict_rows.py",),
+    ),
+    Mutant(
+        "ao1_failed_first_open_kept",
+        "an AsyncGovernor keeps the pool whose first opening failed or was cancelled",
+        (("gov/db.py", "                self._owned_pool = self._pool = self._new_pool(self.dsn)\n", "", 1),),
+        ("tests/integration/test_aio_open.py",),
+    ),
+    Mutant(
+        "ao2_closed_governor_retries",
+        "a closed governor's use goes on to the closed pool (retried as a lost connection)",
+        (("gov/db.py", "        if self._closed:\n            raise ConfigurationError",
+          "        if False:\n            raise ConfigurationError", 2),),
+        ("tests/integration/test_aio_open.py",),
     ),
 ]
 
