@@ -38,6 +38,7 @@ from gov.governor import (
     in_user_order,
     many_params,
     many_send_query,
+    moment,
     send_params,
     send_results,
 )
@@ -87,7 +88,7 @@ class AsyncGovernor:
         self._distributed: bool | None = None
 
     def _now(self, at: datetime | None) -> datetime | None:
-        return at if at is not None else (self.clock() if self.clock is not None else None)
+        return moment(at) if at is not None else (self.clock() if self.clock is not None else None)
 
     async def open(self) -> None:
         """Open gov's own pool now (otherwise it opens on first use)."""

@@ -127,6 +127,8 @@ class Source:
         #: the DSN gov opened its pool with (None for a source the caller gave)
         self.dsn: str | None = source if isinstance(source, str) else None
         if isinstance(source, str):
+            if not source.strip():  # libpq would connect to its defaults: a forgotten URL must be heard
+                raise ConfigurationError("an empty database URL: give gov the database to work in")
             self._owned_pool = psycopg_pool.ConnectionPool(
                 source,
                 min_size=1,
@@ -270,6 +272,8 @@ class AsyncSource:
         self.dsn: str | None = None
         self._pool_size = pool_size
         if isinstance(source, str):
+            if not source.strip():  # libpq would connect to its defaults: a forgotten URL must be heard
+                raise ConfigurationError("an empty database URL: give gov the database to work in")
             self.dsn = source
             self._owned_pool = self._new_pool(source)
             self._pool = self._owned_pool

@@ -84,7 +84,7 @@ class Governor:
         self._dispatcher_lock = threading.Lock()
 
     def _now(self, at: datetime | None) -> datetime | None:
-        return at if at is not None else (self.clock() if self.clock is not None else None)
+        return moment(at) if at is not None else (self.clock() if self.clock is not None else None)
 
     def decide(self, message: Message, *, at: datetime | None = None) -> Decision:
         """Allow or suppress ``message``; record the spend or the suppression atomically."""
@@ -223,6 +223,16 @@ class Governor:
                 )
             return self._dispatcher
 
+    def record_event(
+        self, user_id: str, message_id: str, event: str, subscription_id: int | None = None,
+        at: datetime | None = None,
+    ) -> bool:
+        """:func:`gov.analytics.events.record_event` on this governor's connections (as
+        :meth:`gov.aio.AsyncGovernor.record_event`): True when recorded now."""
+        from gov.analytics.events import record_event
+
+        return record_event(self, user_id, message_id, event, subscription_id, moment(at) if at is not None else None)
+
     def subscribe(self, user_id: str, subscription: str | bytes | Mapping[str, Any]) -> int:
         """Store a browser's PushSubscription JSON for ``user_id``; return its id.
 
@@ -295,6 +305,14 @@ def batch_params(singles: Sequence[Mapping[str, Any]], now: datetime | None, sha
     }
 
 
+def moment(at: Any) -> datetime:
+    """``at=``: a datetime, the decision's moment (a simulation or replay clock). Anything
+    else went to the database as text and was read there: "infinity", "yesterday"."""
+    if not isinstance(at, datetime):
+        raise TypeError(f"at: expected a datetime, got {type(at).__name__}")
+    return at
+
+
 def many_params(
     template: Message, user_ids: Iterable[str], now: datetime | None, batch: int, connections: int, **extra: Any
 ) -> tuple[list[str], dict[str, Any]]:
@@ -305,6 +323,9 @@ def many_params(
         raise ValueError("batch must be at least 1")
     if connections < 1:
         raise ValueError("connections must be at least 1")
+    if isinstance(user_ids, (str, bytes)):  # one id is an iterable too: of its characters
+        raise TypeError("user_ids: expected a collection of user ids, got a single "
+                        f"{type(user_ids).__name__} (wrap it: [{user_ids!r}])")
     # each id checked like a Message; distinct and in order, so the slices share no user
     users = sorted({check_user_id(u) for u in user_ids})
     params = {

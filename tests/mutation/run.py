@@ -794,6 +794,24 @@ MUTANTS = [
           "        if False:\n            raise ConfigurationError", 2),),
         ("tests/integration/test_aio_open.py",),
     ),
+    Mutant(
+        "ai1_one_id_as_an_audience",
+        "a campaign's audience may be one string (decided for each of its characters)",
+        (("gov/governor.py", "    if isinstance(user_ids, (str, bytes)):", "    if False:", 1),),
+        ("tests/integration/test_api_inputs.py::test_a_single_user_id_as_the_audience_is_refused",),
+    ),
+    Mutant(
+        "ai2_moment_not_checked",
+        "at= goes to the database whatever it is",
+        (("gov/governor.py", "    if not isinstance(at, datetime):", "    if False:", 1),),
+        ("tests/integration/test_api_inputs.py::test_a_moment_that_is_not_a_datetime_is_refused",),
+    ),
+    Mutant(
+        "ai3_empty_url_taken",
+        "an empty database URL opens a pool on libpq's defaults",
+        (("gov/db.py", "            if not source.strip():", "            if False:", 2),),
+        ("tests/integration/test_api_inputs.py::test_an_empty_database_url_is_refused",),
+    ),
 ]
 
 
