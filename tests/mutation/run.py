@@ -776,7 +776,7 @@ MUTANTS = [
         ("tests/integration/test_interval_domain.py",),
     ),
     Mutant(
-        "dr1_callers_row_factory",
+        "rf1_callers_row_factory",
         "gov reads its rows with the caller's row factory (dicts from a dict_row connection)",
         (("gov/db.py", "row_factory=row_factory or tuple_row", "row_factory=row_factory or conn.row_factory", 2),),
         ("tests/integration/test_dict_rows.py",),
