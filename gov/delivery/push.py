@@ -153,24 +153,41 @@ def classify_status(status: int) -> OutcomeKind:
     return "rejected"
 
 
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value (delay-seconds or HTTP-date).
+def redirect_error(status: int, location: str | None) -> str | None:
+    """Why a 3xx failed, for ``last_error``: push services answer, they do not redirect,
+    and gov never follows one (the next hop would be a host no subscription named)."""
+    if not 300 <= status <= 399:
+        return None
+    where = (location or "").strip()[:200] or "none given"
+    return f"redirect not followed (HTTP {status}, Location: {where})"
 
-    A date in the past gives 0.0; an unreadable value gives ``None``.
+
+#: The longest wait a Retry-After can ask for: a message's TTL is at most 28 days, so a
+#: longer wait expires it all the same; bounded, a push service cannot overflow the record.
+MAX_RETRY_AFTER_S = 28 * 86_400.0
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delay-seconds or HTTP-date), at most
+    :data:`MAX_RETRY_AFTER_S`.
+
+    A date in the past gives 0.0; an unreadable value gives ``None``. Never raises: the
+    value is the push service's, and a 201 with a strange header is still delivered.
     """
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(int(value))
+    # ASCII digits only: str.isdigit() is true for "²" too, which int() refuses
+    if value.isascii() and value.isdigit():
+        return MAX_RETRY_AFTER_S if len(value) > 9 else min(float(value), MAX_RETRY_AFTER_S)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # a "-0000" zone gives a naive datetime; HTTP dates are UTC
         when = when.replace(tzinfo=datetime.UTC)
     now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
+    return min(max(0.0, when.timestamp() - now), MAX_RETRY_AFTER_S)
 
 
 def preload() -> None:
@@ -266,6 +283,7 @@ def deliver(
                 # The status line arrived; it still decides the outcome.
                 reason = "timeout" if deadline.expired else describe_network_error(exc)
                 text, error = "", f"body unreadable: {reason}"
+            error = redirect_error(status, response.headers.get("Location")) or error
             return PushOutcome(
                 classify_status(status),
                 status=status,
@@ -295,6 +313,7 @@ def _deliver_with_client(
         return PushOutcome("rejected", error=f"request error: {exc}")
     status = response.status
     error = f"body unreadable: {response.body_error}" if response.body_error else None
+    error = redirect_error(status, response.headers.get("location")) or error
     return PushOutcome(
         classify_status(status),
         status=status,

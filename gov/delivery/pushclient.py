@@ -360,7 +360,7 @@ def _read_response(conn: _Connection, deadline: float, body_limit: int) -> tuple
         lines = head.split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
-        if not (version.startswith("HTTP/1.") and code.isdigit()):
+        if not (version.startswith("HTTP/1.") and code.isascii() and code.isdigit()):  # "²01" is no status
             raise PushConnectionError("not an HTTP answer")
         status = int(code)
         headers: dict[str, str] = {}

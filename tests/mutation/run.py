@@ -812,6 +812,33 @@ MUTANTS = [
         (("gov/db.py", "            if not source.strip():", "            if False:", 2),),
         ("tests/integration/test_api_inputs.py::test_an_empty_database_url_is_refused",),
     ),
+    Mutant(
+        "ra1_retry_after_unicode_digits",
+        "a Retry-After of digits str.isdigit() knows and int() does not (a 201 then fails)",
+        (("gov/delivery/push.py", "    if value.isascii() and value.isdigit():", "    if value.isdigit():", 1),),
+        ("tests/unit/test_push.py::test_parse_retry_after",),
+    ),
+    Mutant(
+        "ra2_retry_after_unbounded",
+        "a Retry-After of any size goes to the record (an interval out of range)",
+        (("gov/delivery/push.py",
+          "        return MAX_RETRY_AFTER_S if len(value) > 9 else min(float(value), MAX_RETRY_AFTER_S)",
+          "        return float(int(value))", 1),),
+        ("tests/unit/test_push.py::test_parse_retry_after",),
+    ),
+    Mutant(
+        "ra3_status_unicode_digits",
+        "a status line of digits str.isdigit() knows and int() does not",
+        (("gov/delivery/pushclient.py", "code.isascii() and code.isdigit()", "code.isdigit()", 1),),
+        ("tests/unit/test_pushclient.py::test_a_status_that_is_not_three_ascii_digits_is_not_an_answer",),
+    ),
+    Mutant(
+        "rd1_redirect_unexplained",
+        "a redirect fails with an empty reason",
+        (("gov/delivery/push.py", "    if not 300 <= status <= 399:\n        return None",
+          "    if True:\n        return None", 1),),
+        ("tests/unit/test_push.py",),
+    ),
 ]
 
 

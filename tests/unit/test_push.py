@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from gov.delivery.netguard import EndpointGuard
 from gov.delivery.push import (
     MAX_PAYLOAD_BYTES,
+    MAX_RETRY_AFTER_S,
     PushRequest,
     build_payload,
     check_push_fields,
@@ -254,6 +255,31 @@ def test_retry_after_as_http_date(push_service: PushService, signer: VapidSigner
     assert outcome.retry_after_s is not None and 85 <= outcome.retry_after_s <= 91
 
 
+def test_a_strange_retry_after_never_changes_an_answer(
+    push_service: PushService, signer: VapidSigner, session: requests.Session
+) -> None:
+    """An outside probe: "²" (a digit to str.isdigit, not to int) failed a 201 the service
+    had accepted, and 400 nines overflowed; now the answer's status decides, the wait is
+    bounded (a TTL is at most 28 days) and a value nobody can read falls back to backoff."""
+    browser = push_service.subscribe()
+    push_service.script(browser, [(201, {"Retry-After": "\u00b2"}), (429, {"Retry-After": "9" * 400}),
+                                  (503, {"Retry-After": "\u00b2"}), (429, {"Retry-After": "10000000000000"})])
+    said = [_send(browser, signer, session) for _ in range(4)]
+    assert [(o.kind, o.retry_after_s) for o in said] == [
+        ("accepted", None), ("throttled", MAX_RETRY_AFTER_S), ("transient", None), ("throttled", MAX_RETRY_AFTER_S)]
+
+
+def test_a_redirect_fails_saying_where_it_pointed(
+    push_service: PushService, signer: VapidSigner, session: requests.Session
+) -> None:
+    browser = push_service.subscribe()
+    push_service.script(browser, [(307, {"Location": "http://127.0.0.1:9/elsewhere"}), 301])
+    said = [_send(browser, signer, session) for _ in range(2)]
+    assert [(o.kind, o.status, o.error) for o in said] == [
+        ("rejected", 307, "redirect not followed (HTTP 307, Location: http://127.0.0.1:9/elsewhere)"),
+        ("rejected", 301, "redirect not followed (HTTP 301, Location: none given)")]
+
+
 def test_hang_is_transient_after_a_finite_timeout(
     push_service: PushService, signer: VapidSigner, session: requests.Session
 ) -> None:
@@ -405,6 +431,9 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after(email.utils.formatdate(now + 45), now=now) == 45.0  # "-0000" zone
     assert parse_retry_after("soon", now=now) is None
     assert parse_retry_after("-5", now=now) is None
+    assert parse_retry_after("\u00b2", now=now) is None  # superscript two: isdigit() says yes, int() no
+    assert parse_retry_after("9" * 5000, now=now) == MAX_RETRY_AFTER_S
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now=now) == MAX_RETRY_AFTER_S
     assert parse_retry_after(None, now=now) is None
 
 

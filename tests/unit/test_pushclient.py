@@ -272,6 +272,14 @@ def test_connection_errors_are_named(client: PushClient, serve: Any) -> None:
         unused.close()
 
 
+def test_a_status_that_is_not_three_ascii_digits_is_not_an_answer(client: PushClient, serve: Any) -> None:
+    """"²01" passed str.isdigit() and failed in int(): the runner recorded a failure of its
+    own instead of the transient "not an HTTP answer" it is."""
+    odd = serve(answering("HTTP/1.1 \u00b201 Created\r\nContent-Length: 0\r\n\r\n".encode("latin-1")))
+    with pytest.raises(PushConnectionError, match="not an HTTP answer"):
+        client.post(odd.url(), HEADERS, b"x", _deadline())
+
+
 # ---------------------------------------------------------------- only push services (invariant 13)
 
 
