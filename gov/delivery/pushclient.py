@@ -40,6 +40,11 @@ from gov.delivery.netguard import EndpointGuard
 _MAX_HEAD_BYTES = 64 * 1024  # status line and headers; a hostile server gets no more
 _RECV = 65536
 _MAX_IDLE_PER_ORIGIN = 256
+# Idle connections over all origins: subscriptions on many hosts that keep connections open
+# could otherwise hold one file descriptor per origin until the runner could open no more
+# (an outside probe: 400 origins under `ulimit -n 256` left 150 of them undeliverable).
+# The least recently used origin's idle connection goes first.
+_MAX_IDLE_TOTAL = 128
 
 
 class PushTimeout(Exception):
@@ -106,11 +111,13 @@ class PushClient:
 
     def __init__(
         self, guard: EndpointGuard, *, ssl_context: ssl.SSLContext | None = None,
-        max_idle_per_origin: int = _MAX_IDLE_PER_ORIGIN,
+        max_idle_per_origin: int = _MAX_IDLE_PER_ORIGIN, max_idle_total: int = _MAX_IDLE_TOTAL,
     ) -> None:
         self.guard = guard
         self._ssl_context = ssl_context
         self._max_idle = max_idle_per_origin
+        self._max_idle_total = max_idle_total
+        self._idle_count = 0
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._lock = threading.Lock()
@@ -125,6 +132,7 @@ class PushClient:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, {}
+            self._idle_count = 0
         for conns in idle.values():
             for conn in conns:
                 conn.close()
@@ -142,18 +150,30 @@ class PushClient:
                 if not conns:
                     return None
                 conn = conns.pop()
+                self._idle_count -= 1
             if not _dropped(conn.sock):
                 return conn
             conn.close()  # closed by the server while idle (or it sent something unasked)
 
     def _give_back(self, conn: _Connection) -> None:
+        kept = False
+        evicted: list[_Connection] = []
         with self._lock:
             if not self._closed and not conn.buffer:
-                conns = self._idle.setdefault(conn.key, [])
+                conns = self._idle.pop(conn.key, [])
+                self._idle[conn.key] = conns  # the most recently used origin last
                 if len(conns) < self._max_idle:
                     conns.append(conn)
-                    return
-        conn.close()
+                    self._idle_count += 1
+                    kept = True
+                while self._idle_count > self._max_idle_total:
+                    oldest = next(k for k, v in self._idle.items() if v)
+                    evicted.append(self._idle[oldest].pop(0))
+                    self._idle_count -= 1
+        for old in evicted:
+            old.close()
+        if not kept:
+            conn.close()
 
     def _target(self, url: str) -> _Target:
         target = self._targets.get(url)

@@ -839,6 +839,13 @@ MUTANTS = [
           "    if True:\n        return None", 1),),
         ("tests/unit/test_push.py",),
     ),
+    Mutant(
+        "ic1_idle_connections_unbounded",
+        "idle keep-alive connections are kept per origin with no bound over all origins",
+        (("gov/delivery/pushclient.py", "                while self._idle_count > self._max_idle_total:",
+          "                while False:", 1),),
+        ("tests/unit/test_pushclient.py::test_idle_connections_over_all_origins_are_bounded_the_least_recently_used_first",),
+    ),
 ]
 
 

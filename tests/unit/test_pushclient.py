@@ -141,6 +141,21 @@ def test_one_connection_per_origin_is_kept_alive(client: PushClient, serve: Any)
     assert (a.connections, b.connections, client.connections_opened) == (1, 1, 2)
 
 
+def test_idle_connections_over_all_origins_are_bounded_the_least_recently_used_first(serve: Any) -> None:
+    """Subscriptions on many hosts cannot hold one idle socket each until the runner has
+    no file descriptor left: over the bound, the least recently used origin's goes."""
+    servers = [serve(answering(CREATED, CREATED)) for _ in range(4)]
+    with PushClient(EndpointGuard(allow_loopback=True), max_idle_total=2) as c:
+        for server in servers:
+            assert c.post(server.url(), HEADERS, b"x", _deadline()).status == 201
+        assert c.connections_opened == 4
+        # the two most recent origins kept theirs; the two oldest must connect again
+        assert c.post(servers[3].url(), HEADERS, b"x", _deadline()).status == 201
+        assert c.connections_opened == 4
+        assert c.post(servers[0].url(), HEADERS, b"x", _deadline()).status == 201
+        assert c.connections_opened == 5
+
+
 def test_a_connection_the_server_closed_while_idle_is_not_reused(client: PushClient, serve: Any) -> None:
     closed = threading.Semaphore(0)
 
