@@ -62,10 +62,11 @@ def as_source(source: Any) -> tuple[Source, bool]:
 
     ``owned`` is True when the Source was made here (from a DSN, say) and must be closed.
     """
-    from gov.governor import Governor
-
-    if isinstance(source, Governor):
-        return source.source, False
+    # a Governor by what it has (its Source), not by its class: gov.governor uses this
+    # module (Governor.record_event), and the two must not import each other
+    inner = getattr(source, "source", None)
+    if isinstance(inner, Source):
+        return inner, False
     if isinstance(source, Source):
         return source, False
     return Source(source, pool_size=1), True

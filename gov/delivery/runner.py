@@ -343,14 +343,22 @@ class Dispatcher:
 
         An attempt starts only while a whole timeout still fits before ``lease_ends``
         (monotonic seconds); a row with no time left is handed back unsent. After a
-        404/410 the endpoint's other rows are not sent: they end ``gone`` with it.
+        404/410 the endpoint's other rows are not sent: they end ``gone`` with it. After
+        the endpoint failed to answer (a timeout, a refused or reset connection) or asked
+        to wait (429), its other rows are handed back unsent, due again after that wait
+        (or one timeout): a hanging endpoint costs its worker one timeout a batch, not one
+        per row, while the batch's other endpoints wait for it.
         """
         attempts: list[dict[str, Any]] = []
         gone = self._gone_now.get((rows[0].subscription_id, rows[0].endpoint)) if rows else None
+        held: dict[str, Any] | None = None
         for row in rows:
             if gone is not None:
                 error = f"not sent: the endpoint answered {gone['status']} to message {gone['message_id']}"
                 attempts.append(_attempt(row, gone["origin"], PushOutcome("gone", status=gone["status"], error=error)))
+            elif held is not None:
+                attempts.append({**_attempt(row, held["origin"], PushOutcome("transient"), "released"),
+                                 "retry_after_ms": held["wait_ms"], "error": held["error"]})
             elif lease_ends - time.monotonic() < self.timeout_s:
                 attempts.append(_attempt(row, "", PushOutcome("transient"), "released"))
             else:
@@ -359,6 +367,16 @@ class Dispatcher:
                 if attempt["outcome"] == "gone":
                     gone = {**attempt, "message_id": row.message_id}
                     self._gone_now[(row.subscription_id, row.endpoint)] = gone  # for a batch claimed before
+                elif attempt["outcome"] == "throttled" or (attempt["outcome"] == "transient"
+                                                           and attempt["status"] is None):
+                    waited = attempt["retry_after_ms"]
+                    why = (f"asked to wait (HTTP {attempt['status']})" if attempt["outcome"] == "throttled"
+                           else f"did not answer ({attempt['error'] or 'no answer'})")
+                    held = {
+                        "origin": attempt["origin"],
+                        "wait_ms": waited if waited is not None else int(self.timeout_s * 1000),
+                        "error": f"not sent: the endpoint {why} at message {row.message_id}",
+                    }
         return attempts
 
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:

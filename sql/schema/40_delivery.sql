@@ -188,8 +188,10 @@ $$;
 --   for it 'gone', unsent, whoever holds it; throttled → retry after Retry-After;
 --   transient/unauthorized → capped exponential backoff with jitter, failed after
 --   p_max_attempts; rejected → failed; expired → expired; released → handed back unsent
---   (the runner had no time left in its lease to attempt it: pending again, the claim's
---   attempt not counted, nothing logged). Nothing is retried past the message's deadline.
+--   (the runner had no time left in its lease to attempt it, or the endpoint had just
+--   failed to answer the row before it: pending again, the claim's attempt not counted,
+--   nothing logged; with p_retry_after_ms not due before then, with p_error that said).
+--   Nothing is retried past the message's deadline.
 -- Fenced (invariant 12): only the claim that still holds the row records. A record
 -- whose claim token is no longer the row's (its lease ran out and another runner claimed
 -- the row), or for a row no longer being sent, changes nothing, logs nothing, and returns
@@ -227,7 +229,11 @@ BEGIN
 
     IF p_outcome = 'released' THEN
         UPDATE gov.outbox
-           SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL
+           SET state = 'pending', attempts = greatest(attempts - 1, 0), lease_until = NULL, leased_by = NULL,
+               next_attempt_at = CASE WHEN p_retry_after_ms IS NULL THEN next_attempt_at
+                                      ELSE greatest(next_attempt_at, v_now + p_retry_after_ms * interval '1 millisecond')
+                                 END,
+               last_error = coalesce(left(p_error, 2000), last_error)
          WHERE user_id = p_user_id AND id = p_outbox_id;
         RETURN 'released';
     END IF;

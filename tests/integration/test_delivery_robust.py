@@ -460,3 +460,33 @@ def test_the_dispatcher_keeps_to_its_lease(
     rows = conn.execute("SELECT state, attempts, count(*) FROM gov.outbox GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
     # sent and timed out: pending with one attempt; handed back unsent: pending, no attempt counted
     assert rows == sorted([("pending", 0, 6 - sent), ("pending", 1, sent)]), rows
+
+
+def test_an_endpoint_that_does_not_answer_costs_one_timeout_not_one_per_row(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """An outside probe: one hanging endpoint with 64 rows held the batch's other endpoints
+    back a whole timeout per row. After the endpoint fails to answer one row, its other rows
+    of the batch go back unsent (their attempt not counted), due again a timeout later,
+    saying why; the healthy endpoint is delivered in the same drain."""
+    hanging, alive = push.subscribe("hanging"), push.subscribe("alive")
+    gov.subscribe("u", hanging.info)
+    gov.subscribe("v", alive.info)
+    push.script(hanging, ["hang", "hang", "hang", "hang"])
+    for mid in ("m1", "m2", "m3", "m4"):
+        gov.send(Message(user_id="u", id=mid, tier="P0", title=mid), deliver=False)
+    gov.send(Message(user_id="v", id="v1", tier="P0", title="v1"), deliver=False)
+    with Dispatcher(db_url, signer, workers=2, batch=10, lease_s=10, timeout_s=0.8, clock=clock) as runner:
+        stats = runner.run_once()
+    assert len(push.requests_for(hanging)) == 1, "a row was sent to an endpoint that had just not answered"
+    assert outbox(conn, "v1")["state"] == "delivered"
+    assert stats.outcomes.get("released") == 3, stats.outcomes
+    first = outbox(conn, "m1")
+    assert (first["state"], first["attempts"]) == ("pending", 1)
+    for mid in ("m2", "m3", "m4"):
+        row = outbox(conn, mid)
+        assert (row["state"], row["attempts"]) == ("pending", 0), (mid, row)
+        assert row["last_error"].startswith("not sent: the endpoint did not answer (timeout) at message m1"), row
+    waits = conn.execute("SELECT min(next_attempt_at - %s) FROM gov.outbox WHERE message_id IN ('m2', 'm3', 'm4')",
+                         (clock.now,)).fetchone()
+    assert waits is not None and waits[0].total_seconds() >= 0.8, waits  # not due before a timeout has passed

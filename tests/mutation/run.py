@@ -846,6 +846,22 @@ MUTANTS = [
           "                while False:", 1),),
         ("tests/unit/test_pushclient.py::test_idle_connections_over_all_origins_are_bounded_the_least_recently_used_first",),
     ),
+    Mutant(
+        "hs1_hanging_endpoint_row_by_row",
+        "an endpoint that did not answer is sent its other rows of the batch, one timeout each",
+        (("gov/delivery/runner.py", 'elif attempt["outcome"] == "throttled" or (attempt["outcome"] == "transient"',
+          'elif False and (attempt["outcome"] == "transient"', 1),),
+        ("tests/integration/test_delivery_robust.py::test_an_endpoint_that_does_not_answer_costs_one_timeout_not_one_per_row",),
+    ),
+    Mutant(
+        "hs2_handed_back_due_at_once",
+        "a row handed back unsent is due again at once, whatever wait the runner gave",
+        (("sql/migrations/0043_held_siblings.sql", "CASE WHEN p_retry_after_ms IS NULL THEN next_attempt_at",
+          "CASE WHEN true THEN next_attempt_at", 1),
+         ("sql/schema/40_delivery.sql", "CASE WHEN p_retry_after_ms IS NULL THEN next_attempt_at",
+          "CASE WHEN true THEN next_attempt_at", 1)),
+        ("tests/integration/test_delivery_robust.py::test_an_endpoint_that_does_not_answer_costs_one_timeout_not_one_per_row",),
+    ),
 ]
 
 
