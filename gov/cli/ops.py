@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from gov.cli.common import FiniteRange, dsn, duration, option, parse_at, url_option
+from gov.cli.common import FiniteRange, check_output_path, dsn, duration, option, parse_at, url_option
 from gov.cli.common import console as make_console
 from gov.errors import GovError
 
@@ -74,6 +74,7 @@ def report_fatigue(
     intervals; the crossover is where unsubscribes overtake clicks for good. By volume:
     the seeds' weekly report, users bucketed by how many sends they received.
     """
+    check_output_path(html_file, "--html")
     if by == "volume":
         if min_events is not None:
             raise GovError("--min-events belongs to --by position")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gov.cli.common import connect, dsn, duration, option, parse_at, read_text_input, url_option
+from gov.cli.common import check_output_path, connect, dsn, duration, option, parse_at, read_text_input, url_option
 from gov.cli.common import console as make_console
 from gov.errors import GovError
 
@@ -122,6 +122,7 @@ def policy_suggest(
     and why, and its diff against the stored policy. Try it with `gov policy whatif FILE`;
     apply it with `gov policy apply FILE`.
     """
+    check_output_path(out_file, "--out")
     from gov import policy
     from gov.analytics import marginal
     from gov.analytics.suggest import suggest

@@ -38,6 +38,11 @@ def user_set(
             parsed_caps.append((scope, parse_duration(window, "--cap window"), int(number)))
         except ValueError:
             raise GovError(f"--cap {spec!r}: expected SCOPE:WINDOW=N, e.g. P2:24h=1") from None
+    seen: set[tuple[str, int]] = set()
+    for spec, (scope, window_ms, _) in zip(caps, parsed_caps, strict=True):
+        if (scope, window_ms) in seen:  # the last one silently won: which did the operator mean?
+            raise GovError(f"--cap {spec!r}: {scope} over that window is given twice; give each window once")
+        seen.add((scope, window_ms))
     quiet_window = None if quiet in (None, "default") else users.parse_quiet(quiet)
     with connect(database_url) as conn, conn.transaction():
         if tz is not None:

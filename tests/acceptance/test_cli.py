@@ -147,6 +147,8 @@ def test_user_set_and_release_from_the_shell(db_url: str, tmp_path: Path) -> Non
            "GOV_ALLOW_LOOPBACK_HTTP": "1"}
     assert gov(db_url, "user", "set", "--user", "u", "--tz", "Mars/Olympus").returncode == 1
     assert gov(db_url, "user", "set", "--user", "u", "--cap", "P2:24h=3").returncode == 1  # only lower
+    twice = gov(db_url, "user", "set", "--user", "u", "--cap", "P2:24h=1", "--cap", "P2:1d=2")  # one window
+    assert twice.returncode == 1 and "given twice" in twice.stderr, twice.stderr
     ok = gov(db_url, "user", "set", "--user", "u", "--tz", "Europe/Berlin", "--quiet", "22:00-08:00",
              "--cap", "P2:24h=1")
     assert ok.returncode == 0, ok.stderr

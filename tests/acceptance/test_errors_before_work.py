@@ -80,6 +80,9 @@ def test_usage_errors_of_the_long_commands_are_one_line(tmp_path: Path) -> None:
         (["dispatch", "--idle", "inf"], "--idle"),
         (["dispatch", "--once", "--lease", "nan"], "--lease"),
         (["serve", "--batch-window-ms", "nan"], "--batch-window-ms"),
+        # a report or a suggestion computed, printed, then "cannot write": checked first
+        (["report", "fatigue", "--html", str(tmp_path / "no" / "such" / "dir.html")], "--html"),
+        (["policy", "suggest", "--out", str(tmp_path / "no" / "such" / "dir.toml")], "--out"),
     ):
         r = gov(*args, env=env)
         assert r.returncode == 2, (args, r.stderr)

@@ -862,6 +862,19 @@ MUTANTS = [
           "CASE WHEN true THEN next_attempt_at", 1)),
         ("tests/integration/test_delivery_robust.py::test_an_endpoint_that_does_not_answer_costs_one_timeout_not_one_per_row",),
     ),
+    Mutant(
+        "op1_report_path_checked_last",
+        "gov report fatigue computes and prints before finding it cannot write its --html",
+        (("gov/cli/ops.py", '    check_output_path(html_file, "--html")\n    if by == "volume":',
+          '    if by == "volume":', 1),),
+        ("tests/acceptance/test_errors_before_work.py::test_usage_errors_of_the_long_commands_are_one_line",),
+    ),
+    Mutant(
+        "uc1_duplicate_cap_last_wins",
+        "gov user set takes the last of two caps given for one window",
+        (("gov/cli/users.py", "        if (scope, window_ms) in seen:", "        if False:", 1),),
+        ("tests/acceptance/test_cli.py::test_user_set_and_release_from_the_shell",),
+    ),
 ]
 
 
