@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gov.errors import (
     ConfigurationError,
     DatabaseError,
+    GovernorClosed,
     GovError,
     InvalidInput,
     InvalidMessage,
@@ -58,6 +59,7 @@ __all__ = [
     "Decision",
     "GovError",
     "Governor",
+    "GovernorClosed",
     "InvalidInput",
     "InvalidMessage",
     "InvalidSubscription",

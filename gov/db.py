@@ -39,6 +39,7 @@ from gov.errors import (
     ConfigurationError,
     ConnectionLost,
     DatabaseError,
+    GovernorClosed,
     InvalidInput,
     InvalidMessage,
     PolicyError,
@@ -187,7 +188,7 @@ class Source:
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """One unit of work. Commits on success unless the caller owns the transaction."""
         if self._closed:
-            raise ConfigurationError("this governor is closed")
+            raise GovernorClosed("this governor is closed: it has no database connections any more")
         with translate_errors():
             if self._conn is not None:
                 if self._sa_conn is not None and not self._sa_conn.in_transaction():
@@ -323,7 +324,7 @@ class AsyncSource:
         put in its place, so the next use tries afresh.
         """
         if self._closed:
-            raise ConfigurationError("this governor is closed")
+            raise GovernorClosed("this governor is closed: it has no database connections any more")
         if self._owned_pool is None or self._opened:
             return
         if self._open_lock is None:

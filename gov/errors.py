@@ -43,5 +43,10 @@ class PoolTimeout(DatabaseError):
     """No database connection became free within the configured timeout."""
 
 
+class GovernorClosed(DatabaseError, ConfigurationError):
+    """The governor was closed: it has no database connections any more. Not a lost
+    connection (nothing retries it); to a server that uses it, its database is gone."""
+
+
 class SchemaMismatch(DatabaseError):
     """The database schema is not the one this version of gov expects."""

@@ -12,7 +12,7 @@ import pytest
 
 from gov import Message
 from gov.aio import AsyncGovernor
-from gov.errors import ConfigurationError, DatabaseError
+from gov.errors import DatabaseError, GovernorClosed
 from gov.testing.postgres import TemplateDatabases, admin, dbname_of
 from tests.aio import run_async
 
@@ -65,7 +65,7 @@ def test_a_closed_governor_says_so_at_once(db_url: str) -> None:
         governor = AsyncGovernor(db_url)
         assert (await governor.decide(m(1))).allowed
         await governor.close()
-        with pytest.raises(ConfigurationError, match="closed"):
+        with pytest.raises(GovernorClosed, match="closed"):
             await governor.decide(m(2))
 
     run_async(go())
@@ -77,5 +77,5 @@ def test_a_closed_sync_governor_says_so_at_once(db_url: str) -> None:
     governor = Governor(db_url)
     assert governor.decide(m(1)).allowed
     governor.close()
-    with pytest.raises(ConfigurationError, match="closed"):
+    with pytest.raises(GovernorClosed, match="closed"):
         governor.decide(m(2))

@@ -790,8 +790,8 @@ MUTANTS = [
     Mutant(
         "ao2_closed_governor_retries",
         "a closed governor's use goes on to the closed pool (retried as a lost connection)",
-        (("gov/db.py", "        if self._closed:\n            raise ConfigurationError",
-          "        if False:\n            raise ConfigurationError", 2),),
+        (("gov/db.py", "        if self._closed:\n            raise GovernorClosed",
+          "        if False:\n            raise GovernorClosed", 2),),
         ("tests/integration/test_aio_open.py",),
     ),
     Mutant(
