@@ -490,3 +490,24 @@ def test_an_endpoint_that_does_not_answer_costs_one_timeout_not_one_per_row(
     waits = conn.execute("SELECT min(next_attempt_at - %s) FROM gov.outbox WHERE message_id IN ('m2', 'm3', 'm4')",
                          (clock.now,)).fetchone()
     assert waits is not None and waits[0].total_seconds() >= 0.8, waits  # not due before a timeout has passed
+
+
+def test_a_drain_goes_on_when_a_batch_claimed_ahead_waited_its_lease_away(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """An outside probe: with slow answers the batch claimed while the one before was sent
+    waited its lease away, came back all handed back, and `gov dispatch --once` ended with
+    24 of 40 rows due and unsent. Here every answer takes a whole timeout: the second batch
+    starts with no timeout left, and the drain must go on, claiming each batch once the one
+    before is done, until every row has been attempted."""
+    browsers = [push.subscribe(f"s{i}") for i in range(12)]
+    for i, browser in enumerate(browsers):
+        gov.subscribe(f"s{i}", browser.info)
+        push.script(browser, ["hang"])
+        gov.send(Message(user_id=f"s{i}", id=f"s{i}", tier="P0", title="hi"), deliver=False)
+    with Dispatcher(db_url, signer, workers=2, lease_s=3, timeout_s=1, clock=clock) as runner:
+        assert runner.batch == 4  # two workers, two whole timeouts each in a lease less its margin
+        stats = runner.run_once()
+    assert len(push.received) == 12, stats.outcomes
+    untouched = conn.execute("SELECT count(*) FROM gov.outbox WHERE attempts = 0").fetchone()
+    assert untouched == (0,), stats.outcomes

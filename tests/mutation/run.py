@@ -875,6 +875,12 @@ MUTANTS = [
         (("gov/cli/users.py", "        if (scope, window_ms) in seen:", "        if False:", 1),),
         ("tests/acceptance/test_cli.py::test_user_set_and_release_from_the_shell",),
     ),
+    Mutant(
+        "dq1_drain_ends_on_a_waited_out_batch",
+        "a drain ends when a batch claimed ahead comes back all handed back, its lease spent waiting",
+        (("gov/delivery/runner.py", "if waited_out and ahead:", "if False:", 1),),
+        ("tests/integration/test_delivery_robust.py::test_a_drain_goes_on_when_a_batch_claimed_ahead_waited_its_lease_away",),
+    ),
 ]
 
 
