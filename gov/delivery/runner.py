@@ -28,6 +28,13 @@ Failure stays with its row (invariant 10): whatever goes wrong building, encrypt
 sending one row ends that row (``failed``, with the reason) and never the batch. A 404
 or 410 retires the endpoint at once: its other rows in the batch are not sent, and its
 rows still to do elsewhere end ``gone`` (gov.record_attempt_v3).
+
+A push service that answers 401/403 to every request is a configuration alarm, not a
+fault of the rows (WEBPUSH.md: "stop that origin"): after ``ORIGIN_STOP_AFTER`` such
+answers in a row from an origin that accepted nothing in the last ``ORIGIN_OK_MEMORY_S``,
+this runner sends it nothing for ``ORIGIN_STOP_S``; the rows are handed back unsent, due
+again then, until their deadline. An origin that accepted a request lately is working:
+a refusal there is one subscription's, and its row backs off alone.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ DEFAULT_WORKERS = 8  # concurrent HTTP requests per runner: throughput comes fro
 DEFAULT_MAX_ATTEMPTS = 8
 DEFAULT_BACKOFF_MS = 1000  # first retry after about a second, doubling
 DEFAULT_BACKOFF_CAP_MS = 300_000  # never wait more than five minutes between retries
+ORIGIN_STOP_AFTER = 3  # 401/403 answers in a row from an origin that accepted nothing lately
+ORIGIN_STOP_S = 60.0  # then nothing is sent to it for this long: a probe a minute, not a flood
+ORIGIN_OK_MEMORY_S = 300.0  # an origin that accepted a request this recently is not stopped
 
 
 @dataclass
@@ -160,6 +170,11 @@ class Dispatcher:
         self._checked: dict[str, float] = {}  # scheme://host:port -> until when its check holds
         # (subscription id, endpoint) -> its 404/410, during one drain
         self._gone_now: dict[tuple[int, str], dict[str, Any]] = {}
+        # origin -> [401/403 answers since its last acceptance, monotonic time of that
+        # acceptance or None, monotonic time until which it is stopped]; for this runner's life
+        self._origins: dict[str, list[Any]] = {}
+        self._origins_lock = threading.Lock()
+        self._stops_until = 0.0  # the latest end of any origin's stop: a row pays the check only then
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
         # the shards this runner walks (one, None, on a single server; sql/schema/70_scale_out.sql)
         self._shard_keys: list[str | None] | None = None
@@ -372,9 +387,14 @@ class Dispatcher:
                                  "retry_after_ms": held["wait_ms"], "error": held["error"]})
             elif lease_ends - time.monotonic() < self.timeout_s:
                 attempts.append(_attempt(row, "", PushOutcome("transient"), "released"))
+            elif self._stops_until > time.monotonic() and (stopped := self._origin_stopped(row.endpoint)):
+                attempts.append({**_attempt(row, stopped[0], PushOutcome("transient"), "released"),
+                                 "retry_after_ms": stopped[1], "error": stopped[2]})
             else:
                 attempt = self._deliver_one(row)
                 attempts.append(attempt)
+                if attempt["outcome"] in ("accepted", "unauthorized"):
+                    self._note_origin(attempt["origin"], attempt["outcome"] == "accepted", attempt["status"])
                 if attempt["outcome"] == "gone":
                     gone = {**attempt, "message_id": row.message_id}
                     self._gone_now[(row.subscription_id, row.endpoint)] = gone  # for a batch claimed before
@@ -389,6 +409,40 @@ class Dispatcher:
                         "error": f"not sent: the endpoint {why} at message {row.message_id}",
                     }
         return attempts
+
+    def _origin_stopped(self, endpoint: str) -> tuple[str, int, str] | None:
+        """(origin, ms left, why) while ``endpoint``'s origin is stopped, else None."""
+        origin = _origin(endpoint)
+        with self._origins_lock:
+            refused, _, until = self._origins.get(origin, (0, None, 0.0))
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        why = (f"not sent: {origin} answered 401/403 to {refused} requests in a row and accepted none lately;"
+               " check the VAPID key and subject")
+        return origin, max(1, int(left * 1000)), why
+
+    def _note_origin(self, origin: str, accepted: bool, status: int | None) -> None:
+        """Count an origin's 401/403 answers since its last acceptance; stop it when they say
+        the key or subject is refused across the origin."""
+        now = time.monotonic()
+        with self._origins_lock:
+            state = self._origins.setdefault(origin, [0, None, 0.0])
+            if accepted:
+                state[0], state[1] = 0, now
+                return
+            state[0] += 1
+            if (state[0] < ORIGIN_STOP_AFTER or state[2] > now
+                    or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)):
+                return
+            state[2] = now + ORIGIN_STOP_S
+            self._stops_until = max(self._stops_until, state[2])
+            refused = state[0]
+        log.error(
+            "push service %s answered %s: %d refusals in a row and no request accepted lately; nothing is sent"
+            " to it for %d s (check GOV_VAPID_PRIVATE_KEY and GOV_VAPID_SUBJECT)",
+            origin, status, refused, ORIGIN_STOP_S, extra={"action": "origin_stopped"},
+        )
 
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
         """Send one claimed row; return its attempt, recorded with the batch's.

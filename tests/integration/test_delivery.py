@@ -200,6 +200,60 @@ def test_wrong_vapid_key_is_an_alarm(db_url: str, push: PushService, clock: Cloc
     ]
 
 
+def _wrong_key_runner(db_url: str, tmp_path: Path, clock: Clock) -> Any:
+    from gov.delivery.runner import Dispatcher
+
+    other = tmp_path / "other.pem"
+    generate_keypair(other)
+    wrong = VapidSigner.from_env({"GOV_VAPID_PRIVATE_KEY": str(other), "GOV_VAPID_SUBJECT": SUBJECT})
+    return Dispatcher(db_url, wrong, workers=1, clock=clock, allow_loopback_http=True)
+
+
+def test_an_origin_that_refuses_the_key_is_stopped(gov: Governor, push: PushService, clock: Clock, tmp_path: Path,
+                                                   db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """WEBPUSH.md: 401/403 across an origin is a configuration alarm: stop that origin.
+    Three refusals in a row and nothing accepted: the origin's other rows are handed back
+    unsent, their attempts not counted, due again once the stop is over."""
+    for i in range(6):
+        gov.subscribe(f"u{i}", push.subscribe().info)
+        gov.send(p2(f"u{i}", "m"), deliver=False)
+    with _wrong_key_runner(db_url, tmp_path, clock) as runner:
+        runner.run_once()
+        assert [r.status for r in push.received] == [403, 403, 403]
+        rows = conn.execute("SELECT state, attempts, last_error FROM gov.outbox ORDER BY id").fetchall()
+        assert [(state, attempts) for state, attempts, _ in rows] == [("pending", 1)] * 3 + [("pending", 0)] * 3
+        assert all("answered 401/403 to 3 requests in a row" in error for _, _, error in rows[3:])
+        (due,) = conn.execute("SELECT min(next_attempt_at) FROM gov.outbox WHERE attempts = 0").fetchone()  # type: ignore[misc]
+        assert (due - clock.now).total_seconds() > 50
+        clock.advance(seconds=30)  # the refused rows' backoff is over; the origin is still stopped
+        runner.run_once()
+        assert len(push.received) == 3
+    assert conn.execute("SELECT count(*) FROM gov.delivery_attempts").fetchone() == (3,)
+
+
+def test_refusals_while_the_origin_accepts_are_the_subscriptions_own(
+    gov: Governor, push: PushService, clock: Clock, tmp_path: Path, db_url: str, signer: VapidSigner,
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A subscription made for another key is refused while the origin accepts others: the
+    origin is not stopped, each such row backs off alone."""
+    other = tmp_path / "another.pem"
+    stranger = generate_keypair(other)
+    gov.subscribe("good", push.subscribe().info)
+    gov.send(p2("good", "m"), deliver=False)
+    for i in range(4):
+        gov.subscribe(f"old{i}", push.subscribe(application_server_key=stranger).info)
+        gov.send(p2(f"old{i}", "m"), deliver=False)
+    gov.subscribe("late", push.subscribe().info)
+    gov.send(p2("late", "m"), deliver=False)
+    from gov.delivery.runner import Dispatcher
+
+    with Dispatcher(db_url, signer, workers=1, clock=clock, allow_loopback_http=True) as runner:
+        runner.run_once()  # in claim order: good, the four old ones, late
+    assert sorted(r.status for r in push.received) == [201, 201, 403, 403, 403, 403]
+    assert conn.execute("SELECT count(*) FROM gov.outbox WHERE state = 'delivered'").fetchone() == (2,)
+
+
 @pytest.mark.parametrize(
     ("subscription", "match"),
     [

@@ -881,8 +881,20 @@ MUTANTS = [
         (("gov/delivery/runner.py", "if waited_out and ahead:", "if False:", 1),),
         ("tests/integration/test_delivery_robust.py::test_a_drain_goes_on_when_a_batch_claimed_ahead_waited_its_lease_away",),
     ),
+    Mutant(
+        "os1_origin_never_stopped",
+        "a push service refusing the VAPID key is sent every row, one 403 after another",
+        (("gov/delivery/runner.py", "            state[2] = now + ORIGIN_STOP_S\n", "            return\n", 1),),
+        ("tests/integration/test_delivery.py::test_an_origin_that_refuses_the_key_is_stopped",),
+    ),
+    Mutant(
+        "os2_origin_stopped_while_it_accepts",
+        "an origin is stopped by three refusals of old subscriptions although it accepts others",
+        (("gov/delivery/runner.py", "or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)",
+          "or False", 1),),
+        ("tests/integration/test_delivery.py::test_refusals_while_the_origin_accepts_are_the_subscriptions_own",),
+    ),
 ]
-
 
 def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
