@@ -198,6 +198,15 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
 BEGIN
+    IF p_tiers IS NULL OR array_position(p_tiers, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'retire tiers: name each tier (got %)', p_tiers USING ERRCODE = 'GV003';
+    END IF;
+    -- an exempt tier's messages are never suppressed (invariant 4): they wait for delivery
+    IF p_drop AND EXISTS (SELECT 1 FROM gov.tiers t WHERE t.tier = ANY (p_tiers) AND t.exempt) THEN
+        RAISE EXCEPTION 'retire tiers: % is exempt; its messages are never dropped (remove it once they are delivered)',
+            (SELECT string_agg(t.tier, ', ' ORDER BY t.tier) FROM gov.tiers t WHERE t.tier = ANY (p_tiers) AND t.exempt)
+            USING ERRCODE = 'GV003';
+    END IF;
     RETURN QUERY
     SELECT t.tier,
            (SELECT count(*) FROM gov.deferred d WHERE d.tier = t.tier AND d.state = 'waiting'),
@@ -268,6 +277,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_rows jsonb;
 BEGIN
+    IF NOT isfinite(p_now) THEN  -- at infinity every user is dormant
+        RAISE EXCEPTION 'segments: the moment must be finite, not %', p_now USING ERRCODE = 'GV003';
+    END IF;
     -- Classify first, then write: on a Citus cluster what reads gov's tables runs on the
     -- shards (MATERIALIZED), the classification on its rows, and the upsert per shard.
     WITH clock AS (

@@ -115,6 +115,25 @@ LANGUAGE sql AS $$
     SELECT NULL::void
 $$;
 
+-- How far ahead of the database clock a moment may be: a decision's, a claim's. A
+-- window counts every send after its start, so a send row in the year 294276 would
+-- spend the user's budget until then; a month keeps simulated and test clocks usable.
+CREATE FUNCTION gov.moment_ahead_limit() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '31 days' $$;
+
+-- The longest lease a claim may take: a dead runner's rows wait that long.
+CREATE FUNCTION gov.max_lease_ms() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 86400000::bigint $$;
+
+-- Content a push can be built from, as the Python API checks it: a JSON object with a
+-- title that is a string with something to show, and no more than the 4096 bytes of
+-- one push record as text (the runner's encrypted payload must fit in one).
+CREATE FUNCTION gov.content_ok(p_content jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(jsonb_typeof(p_content) = 'object' AND jsonb_typeof(p_content -> 'title') = 'string'
+                    AND (p_content ->> 'title') ~ '[^[:space:]]' AND octet_length(p_content::text) <= 4096, false)
+$$;
+
 -- The decision itself, shared by a first decision (gov.decide_v1, gov.send_v1) and a
 -- re-decision at release (p_release: the message was decided before and waited; it
 -- is decided again now, its verdict updated, and no second suppression is logged).
@@ -175,10 +194,17 @@ BEGIN
     IF p_message_id IS NULL OR p_message_id = '' THEN
         RAISE EXCEPTION 'message id is required (user %)', p_user_id USING ERRCODE = 'GV001';
     END IF;
-    IF NOT isfinite(v_now) THEN
-        -- a send row at infinity would sit in every window of the user's for ever
-        RAISE EXCEPTION 'the moment of a decision must be a finite time, not % (message % of user %)',
-            v_now, p_message_id, p_user_id USING ERRCODE = 'GV001';
+    IF NOT isfinite(v_now) OR v_now > clock_timestamp() + gov.moment_ahead_limit() THEN
+        -- a send row at infinity (or in the year 294276) would sit in every window of the
+        -- user's until then: a window counts every send after its start
+        RAISE EXCEPTION 'the moment of a decision must be a finite time at most % ahead of the database clock,'
+            ' not % (message % of user %)', gov.moment_ahead_limit(), v_now, p_message_id, p_user_id
+            USING ERRCODE = 'GV001';
+    END IF;
+    IF length(p_user_id) > 256 OR length(p_message_id) > 256 OR length(p_topic) > 256 OR length(p_campaign_id) > 256
+    THEN
+        RAISE EXCEPTION 'ids, topics and campaigns are at most 256 characters (message % of user %)',
+            left(p_message_id, 64), left(p_user_id, 64) USING ERRCODE = 'GV001';
     END IF;
     SELECT * INTO v_tier FROM gov.policy_tier(p_tier) t;
     IF NOT FOUND THEN
@@ -450,9 +476,14 @@ DECLARE
 BEGIN
     -- A TTL of 0 ("now or never") would be past its deadline before any runner could
     -- send it: refused, rather than allowed, counted and never delivered.
-    IF p_ttl_s IS NOT NULL AND p_ttl_s < 1 THEN
-        RAISE EXCEPTION 'ttl must be at least 1 second (message % of user %, ttl %)', p_message_id, p_user_id, p_ttl_s
-            USING ERRCODE = 'GV001';
+    IF p_ttl_s IS NOT NULL AND (p_ttl_s < 1 OR p_ttl_s > 2419200) THEN
+        RAISE EXCEPTION 'ttl must be from 1 second to 28 days (message % of user %, ttl %)', p_message_id, p_user_id,
+            p_ttl_s USING ERRCODE = 'GV001';
+    END IF;
+    -- what the runner will build a push from: refused here, before a slot is spent on it
+    IF NOT gov.content_ok(p_content) THEN
+        RAISE EXCEPTION 'content must be a JSON object with a non-blank string title, at most 4096 bytes as text'
+            ' (message % of user %)', left(p_message_id, 64), left(p_user_id, 64) USING ERRCODE = 'GV001';
     END IF;
     SELECT coalesce(p_ttl_s, t.default_ttl_s), t.on_exceed INTO v_ttl_s, v_verb FROM gov.tiers t WHERE t.tier = p_tier;
     IF v_verb IN ('defer', 'collapse') THEN
@@ -614,8 +645,9 @@ DECLARE
     v_topic text := '';
     v_spend text[];
 BEGIN
-    IF NOT isfinite(p_now) THEN  -- as gov.decide_core
-        RAISE EXCEPTION 'the moment of a decision must be a finite time, not %', p_now USING ERRCODE = 'GV001';
+    IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.moment_ahead_limit() THEN  -- as gov.decide_core
+        RAISE EXCEPTION 'the moment of a decision must be a finite time at most % ahead of the database clock, not %',
+            gov.moment_ahead_limit(), p_now USING ERRCODE = 'GV001';
     END IF;
     SELECT * INTO STRICT v_tier FROM gov.tiers t WHERE t.tier = p_tier;
     IF p_topic IS NOT NULL THEN
@@ -813,9 +845,10 @@ BEGIN
     v_users := ARRAY(SELECT DISTINCT u FROM unnest(p_user_ids) u ORDER BY 1);
     SELECT coalesce(p_ttl_s, t.default_ttl_s) INTO v_ttl_s
       FROM gov.tiers t WHERE t.tier = p_tier AND (t.exempt OR t.on_exceed = 'drop');
-    -- Bad input (an unknown tier, no message id, a TTL under a second, an empty user id)
-    -- is send_v1's to refuse.
-    IF FOUND AND p_message_id <> '' AND (p_ttl_s IS NULL OR p_ttl_s >= 1) AND NOT gov.distributed() THEN
+    -- Bad input (an unknown tier, no message id, a TTL out of range, an empty user id,
+    -- content no push can be built from) is send_v1's to refuse.
+    IF FOUND AND p_message_id <> '' AND length(p_message_id) <= 256 AND (p_ttl_s IS NULL OR p_ttl_s BETWEEN 1 AND 2419200)
+       AND gov.content_ok(p_content) AND NOT gov.distributed() THEN
         v_plain := gov.lock_batch(v_users, p_message_id, p_tier, p_topic, v_now);
         SELECT coalesce(array_agg(d.user_id), '{}'), coalesce(array_agg(d.allowed), '{}'),
                coalesce(array_agg(d.action), '{}'), coalesce(array_agg(d.reason), '{}')
@@ -1005,8 +1038,8 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended(x.u, 0))
            FROM (SELECT DISTINCT u FROM unnest(p_user_ids) u WHERE u <> '') x
           ORDER BY x.u;
-        -- (bad input, an unknown tier, no message id, a TTL under a second, an empty user
-        -- id, is left to gov.send_v1 to refuse)
+        -- (bad input, an unknown tier, no message id, a TTL out of range, an empty or long
+        -- id, content no push can be built from, is left to gov.send_v1 to refuse)
         FOR r_group IN
             WITH msg AS (
                 SELECT x.*, count(*) OVER (PARTITION BY x.u) AS mine
@@ -1016,7 +1049,9 @@ BEGIN
             SELECT msg.t, msg.tp, msg.c, array_agg(msg.u ORDER BY msg.u) AS us, array_agg(msg.m ORDER BY msg.u) AS ms
               FROM msg JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')
              WHERE msg.mine = 1 AND msg.u <> '' AND msg.m <> ''
-               AND (p_ttls[msg.n] IS NULL OR p_ttls[msg.n] >= 1)
+               AND length(msg.u) <= 256 AND length(msg.m) <= 256
+               AND (p_ttls[msg.n] IS NULL OR p_ttls[msg.n] BETWEEN 1 AND 2419200)
+               AND gov.content_ok(p_contents[msg.n])
              GROUP BY msg.t, msg.tp, msg.c
         LOOP
             v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp, v_now);

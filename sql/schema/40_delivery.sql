@@ -167,8 +167,15 @@ BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'claim limit must be positive, got %', p_limit USING ERRCODE = '22023';
     END IF;
-    IF p_lease_ms IS NULL OR p_lease_ms < 1 THEN
-        RAISE EXCEPTION 'lease must be positive, got % ms', p_lease_ms USING ERRCODE = '22023';
+    -- a lease is what a dead runner's rows wait for: at most a day (gov.max_lease_ms())
+    IF p_lease_ms IS NULL OR p_lease_ms < 1 OR p_lease_ms > gov.max_lease_ms() THEN
+        RAISE EXCEPTION 'lease must be positive and at most a day, got % ms', p_lease_ms USING ERRCODE = '22023';
+    END IF;
+    -- a claim far ahead of the clock would take over rows other runners hold and strand
+    -- them in 'sending' until then (gov.moment_ahead_limit(), as for decisions)
+    IF NOT isfinite(v_now) OR v_now > clock_timestamp() + gov.moment_ahead_limit() THEN
+        RAISE EXCEPTION 'a claim''s moment must be finite and at most % ahead of the database clock, not %',
+            gov.moment_ahead_limit(), v_now USING ERRCODE = '22023';
     END IF;
     IF NOT gov.distributed() THEN
         RETURN QUERY SELECT * FROM gov.claim_local(v_now, p_ids, p_limit, p_worker, p_lease_ms);

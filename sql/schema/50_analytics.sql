@@ -51,8 +51,11 @@ DECLARE
 BEGIN
     IF p_event IS NULL OR p_event NOT IN ('accepted', 'display', 'click', 'close', 'unsubscribe') THEN
         RAISE EXCEPTION 'unknown event % for message % of user % (expected accepted, display, click, close or unsubscribe)',
-            coalesce(quote_literal(p_event), 'NULL'), p_message_id, p_user_id
+            coalesce(quote_literal(left(p_event, 64)), 'NULL'), left(p_message_id, 64), left(p_user_id, 64)
             USING ERRCODE = 'GV003';
+    END IF;
+    IF NOT isfinite(p_at) THEN  -- an event at infinity would count in every later report
+        RAISE EXCEPTION 'an event''s moment must be finite, not %', p_at USING ERRCODE = 'GV003';
     END IF;
     SELECT m.allowed INTO v_allowed
       FROM gov.messages m WHERE m.user_id = p_user_id AND m.message_id = p_message_id;
@@ -330,7 +333,9 @@ DECLARE
     v_hi  bigint := 1;  -- enough
     v_mid bigint;
 BEGIN
-    IF p_sends IS NULL OR p_sends <= 0 OR p_unsubscribes <= p_clicks THEN
+    -- (a negative p_z is no confidence level: NULL, as gov.wilson_interval_v1 gives)
+    IF p_sends IS NULL OR p_sends <= 0 OR p_unsubscribes <= p_clicks OR p_z IS NULL OR NOT p_z >= 0
+       OR NOT p_z < 'Infinity'::double precision THEN
         RETURN NULL;
     END IF;
     IF gov.difference_low_v1(p_unsubscribes, p_clicks, p_sends, p_z) > 0 THEN
@@ -413,6 +418,10 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_positions jsonb;
 BEGIN
+    IF p_min_sends IS NULL OR p_min_sends < 0 THEN
+        RAISE EXCEPTION 'fatigue: the sends a group holds at least must be a count, not %',
+            coalesce(p_min_sends::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
     -- Two statements: the sends per position from the events first, then the merging walk
     -- (a recursive CTE) over those few rows alone; on a Citus cluster a recursive CTE may
     -- not share a statement with the distributed tables.
@@ -612,7 +621,8 @@ CREATE FUNCTION gov.hour_curves_v1(
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 BEGIN
-    IF p_strength IS NULL OR NOT p_strength > 0 THEN
+    -- (NaN sorts above every number in PostgreSQL: "> 0" alone lets it and infinity in)
+    IF p_strength IS NULL OR NOT p_strength > 0 OR NOT p_strength < 'Infinity'::double precision THEN
         RAISE EXCEPTION 'hour curves: the prior strength must be a positive number of displays, not %',
             coalesce(p_strength::text, 'NULL') USING ERRCODE = '22023';
     END IF;

@@ -16,10 +16,14 @@ DECLARE
     v_longest bigint;
     v_count   integer;
 BEGIN
-    -- a negative margin, or a moment at infinity, would delete rows a window still reads
-    IF p_margin < interval '0' OR NOT isfinite(v_now) THEN
-        RAISE EXCEPTION 'prune: the margin must not be negative and the moment must be finite (margin %, at %)',
-            p_margin, v_now USING ERRCODE = 'GV003';
+    -- a negative margin, or a moment at infinity or later than the database clock (which
+    -- decisions are made at), would delete rows a window still reads
+    IF p_margin IS NULL OR p_margin < interval '0' OR NOT isfinite(v_now) OR v_now > clock_timestamp() THEN
+        RAISE EXCEPTION 'prune: the margin must not be negative and the moment must be finite and not later than'
+            ' the database clock (margin %, at %)', p_margin, v_now USING ERRCODE = 'GV003';
+    END IF;
+    IF p_batch IS NULL OR p_batch < 0 THEN
+        RAISE EXCEPTION 'prune: the batch must be a count of rows, not %', p_batch USING ERRCODE = 'GV003';
     END IF;
     -- the longest window any cap reads: the tiers', topics' and global ones, a segment's
     -- own windows (which may be longer than its tier's), and users' own caps
@@ -54,9 +58,13 @@ DECLARE
     v_count integer;
     v_more  integer;
 BEGIN
-    IF p_keep < interval '0' OR NOT isfinite(v_cut) THEN
-        RAISE EXCEPTION 'prune: the history kept must not be negative and the moment must be finite (keep %, at %)',
-            p_keep, coalesce(p_now, clock_timestamp()) USING ERRCODE = 'GV003';
+    IF p_keep IS NULL OR p_keep < interval '0' OR NOT isfinite(v_cut) OR p_now > clock_timestamp() THEN
+        RAISE EXCEPTION 'prune: the history kept must not be negative and the moment must be finite and not later'
+            ' than the database clock (keep %, at %)', p_keep, coalesce(p_now, clock_timestamp())
+            USING ERRCODE = 'GV003';
+    END IF;
+    IF p_batch IS NULL OR p_batch < 0 THEN
+        RAISE EXCEPTION 'prune: the batch must be a count of rows, not %', p_batch USING ERRCODE = 'GV003';
     END IF;
     DELETE FROM gov.push_suppressions ps
      WHERE (ps.user_id, ps.id) IN (SELECT x.user_id, x.id FROM gov.push_suppressions x

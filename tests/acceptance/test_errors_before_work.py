@@ -79,6 +79,8 @@ def test_usage_errors_of_the_long_commands_are_one_line(tmp_path: Path) -> None:
         (["release", "--idle", "nan"], "--idle"),
         (["dispatch", "--idle", "inf"], "--idle"),
         (["dispatch", "--once", "--lease", "nan"], "--lease"),
+        # a lease is what a dead runner's rows wait for: gov.claim_outbox_v3 takes a day at most
+        (["dispatch", "--once", "--lease", "90000"], "--lease"),
         (["serve", "--batch-window-ms", "nan"], "--batch-window-ms"),
         # a report or a suggestion computed, printed, then "cannot write": checked first
         (["report", "fatigue", "--html", str(tmp_path / "no" / "such" / "dir.html")], "--html"),

@@ -44,9 +44,15 @@ SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
-INF_CORE = "    IF NOT isfinite(v_now) THEN\n        -- a send row"
+INF_CORE = ("    IF NOT isfinite(v_now) OR v_now > clock_timestamp() + gov.moment_ahead_limit() THEN\n"
+            "        -- a send row")
 INF_CORE_OFF = "    IF false THEN\n        -- a send row"
-INF_TOGETHER = "    IF NOT isfinite(p_now) THEN  -- as gov.decide_core"
+INF_TOGETHER = ("    IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.moment_ahead_limit() THEN"
+                "  -- as gov.decide_core")
+CONTENT_OK = "    SELECT coalesce(jsonb_typeof(p_content)"
+CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
+NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
+PRUNE_GUARD = "    IF p_margin IS NULL OR p_margin < interval '0' OR"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
 MUTANTS = [
@@ -68,7 +74,7 @@ MUTANTS = [
         "the decision takes the user's own cap instead of least(default, user)",
         (
             ("sql/schema/20_decide.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
-            ("sql/migrations/0041_finite_moments.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
+            ("sql/migrations/0044_poison_inputs.sql", "least(d.c, uc.cap) AS c", "coalesce(uc.cap, d.c) AS c", 1),
         ),
         (
             "tests/integration/test_policy_change.py::test_a_default_lowered_under_a_users_own_cap_holds_that_user_too",
@@ -128,7 +134,7 @@ MUTANTS = [
         "decide_core holds every user to the tier's own windows, whatever their segment",
         (
             ("sql/schema/20_decide.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
-            ("sql/migrations/0041_finite_moments.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
+            ("sql/migrations/0044_poison_inputs.sql", "v_seg_key := v_segment;", "v_seg_key := '';", 1),
         ),
         (
             "tests/integration/test_decide.py::test_twenty_way_race_is_exact_for_a_user_of_each_segment",
@@ -141,11 +147,11 @@ MUTANTS = [
         (
             ("sql/schema/10_policy.sql",
              "\n     WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant');", ";", 1),
-            ("sql/migrations/0016_distributable.sql",
+            ("sql/migrations/0044_poison_inputs.sql",
              "\n     WHERE u.segment IS NULL OR u.segment IN ('engaged', 'casual', 'dormant');", ";", 1),
             ("sql/schema/10_policy.sql",
              OLD_SEGMENT_GUARD, ") c;", 1),
-            ("sql/migrations/0016_distributable.sql",
+            ("sql/migrations/0044_poison_inputs.sql",
              OLD_SEGMENT_GUARD, ") c;", 1),
         ),
         ("tests/integration/test_segments.py::test_refresh_classifies_with_an_explicit_clock",),
@@ -155,7 +161,7 @@ MUTANTS = [
         "gov.decide_together takes a user's first blocking window in window order, not decision order",
         (
             ("sql/schema/20_decide.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
-            ("sql/migrations/0041_finite_moments.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+            ("sql/migrations/0044_poison_inputs.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
         ),
         ("tests/integration/test_campaign_set.py::test_a_batch_gives_every_user_the_one_by_one_decision",),
     ),
@@ -179,7 +185,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
-            ("sql/migrations/0041_finite_moments.sql",
+            ("sql/migrations/0044_poison_inputs.sql",
              "            IF v_own THEN\n                OPEN c_rules FOR",
              "            IF false THEN\n                OPEN c_rules FOR", 1),
         ),
@@ -194,7 +200,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
              "JOIN gov.tiers t ON t.tier = msg.t", 1),
-            ("sql/migrations/0040_plain_time_zones.sql",
+            ("sql/migrations/0044_poison_inputs.sql",
              "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
              "JOIN gov.tiers t ON t.tier = msg.t", 1),
         ),
@@ -217,7 +223,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
-            ("sql/migrations/0040_plain_time_zones.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
+            ("sql/migrations/0044_poison_inputs.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
         ),
         ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
@@ -309,7 +315,7 @@ MUTANTS = [
         "gov.send_v1 decides a holding tier's message without first releasing the rows owed the slot",
         (
             ("sql/schema/20_decide.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n", "    IF false THEN\n", 1),
-            ("sql/migrations/0028_release_order.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n",
+            ("sql/migrations/0044_poison_inputs.sql", "    IF v_verb IN ('defer', 'collapse') THEN\n",
              "    IF false THEN\n", 1),
         ),
         ("tests/integration/test_release_order.py::test_a_fresh_message_does_not_take_a_slot_owed_to_a_nearer_deadline",),
@@ -414,7 +420,7 @@ MUTANTS = [
                 "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN",
              "        IF p_topic IS NOT NULL OR true THEN\n            PERFORM 1 FROM gov.user_topic_optouts o "
              "WHERE o.user_id = p_user_id AND o.topic = p_topic;\n            IF FOUND THEN", 1)
-            for f in ("sql/schema/20_decide.sql", "sql/migrations/0041_finite_moments.sql")
+            for f in ("sql/schema/20_decide.sql", "sql/migrations/0044_poison_inputs.sql")
         ),
         ("-m", "citus",
          "tests/citus/test_statement_shapes.py::test_a_plain_decision_runs_only_its_shards_statements_through_citus"),
@@ -711,22 +717,22 @@ MUTANTS = [
     Mutant(
         "fm1_decision_at_infinity",
         "gov.decide_core records a decision at an infinite moment",
-        (("sql/migrations/0041_finite_moments.sql", INF_CORE, INF_CORE_OFF, 1),
+        (("sql/migrations/0044_poison_inputs.sql", INF_CORE, INF_CORE_OFF, 1),
          ("sql/schema/20_decide.sql", INF_CORE, INF_CORE_OFF, 1)),
         ("tests/integration/test_hostile_moments.py",),
     ),
     Mutant(
         "fm2_batch_at_infinity",
         "gov.decide_together decides plain users at an infinite moment",
-        (("sql/migrations/0041_finite_moments.sql", INF_TOGETHER, "    IF false THEN", 1),
+        (("sql/migrations/0044_poison_inputs.sql", INF_TOGETHER, "    IF false THEN", 1),
          ("sql/schema/20_decide.sql", INF_TOGETHER, "    IF false THEN", 1)),
         ("tests/integration/test_hostile_moments.py",),
     ),
     Mutant(
         "fm3_prune_negative_margin",
         "gov.prune_sends_v1 takes a negative margin",
-        (("sql/migrations/0041_finite_moments.sql", "    IF p_margin < interval '0' OR", "    IF false AND", 1),
-         ("sql/schema/60_operations.sql", "    IF p_margin < interval '0' OR", "    IF false AND", 1)),
+        (("sql/migrations/0044_poison_inputs.sql", PRUNE_GUARD, "    IF false AND", 1),
+         ("sql/schema/60_operations.sql", PRUNE_GUARD, "    IF false AND", 1)),
         ("tests/integration/test_hostile_moments.py",),
     ),
     Mutant(
@@ -893,6 +899,62 @@ MUTANTS = [
         (("gov/delivery/runner.py", "or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)",
           "or False", 1),),
         ("tests/integration/test_delivery.py::test_refusals_while_the_origin_accepts_are_the_subscriptions_own",),
+    ),
+    Mutant(
+        "pf1_prune_ahead_of_the_clock",
+        "gov.prune_sends_v1 prunes at a moment ahead of the database clock",
+        (("sql/migrations/0044_poison_inputs.sql", " OR v_now > clock_timestamp() THEN", " THEN", 1),
+         ("sql/schema/60_operations.sql", " OR v_now > clock_timestamp() THEN", " THEN", 1)),
+        ("tests/integration/test_hostile_moments.py::test_a_prune_at_a_moment_ahead_of_the_clock_is_refused_and_the_cap_holds",),
+    ),
+    Mutant(
+        "ma1_no_moment_limit",
+        "a decision or a claim may be dated any finite time ahead",
+        (("sql/migrations/0044_poison_inputs.sql", "SELECT interval '31 days'", "SELECT interval '300000 years'", 1),
+         ("sql/schema/20_decide.sql", "SELECT interval '31 days'", "SELECT interval '300000 years'", 1)),
+        ("tests/integration/test_hostile_moments.py::test_a_decision_far_ahead_of_the_clock_is_refused_and_writes_nothing",
+         "tests/integration/test_hostile_moments.py::test_a_claim_with_a_long_lease_or_far_ahead_strands_nothing",),
+    ),
+    Mutant(
+        "lb1_any_lease",
+        "gov.claim_outbox_v3 takes a lease of a hundred years",
+        (("sql/migrations/0044_poison_inputs.sql", " OR p_lease_ms > gov.max_lease_ms() THEN", " THEN", 1),
+         ("sql/schema/40_delivery.sql", " OR p_lease_ms > gov.max_lease_ms() THEN", " THEN", 1)),
+        ("tests/integration/test_hostile_moments.py::test_a_claim_with_a_long_lease_or_far_ahead_strands_nothing",),
+    ),
+    Mutant(
+        "rt1_exempt_tier_retired",
+        "gov.retire_tiers_v1 drops an exempt tier's queued messages",
+        (("sql/migrations/0044_poison_inputs.sql", "    IF p_drop AND EXISTS", "    IF false AND EXISTS", 1),
+         ("sql/schema/10_policy.sql", "    IF p_drop AND EXISTS", "    IF false AND EXISTS", 1)),
+        ("tests/integration/test_hostile_moments.py::test_an_exempt_tiers_messages_are_never_retired",),
+    ),
+    Mutant(
+        "co1_any_content",
+        "gov.send_v1 and the batch paths store content no push can be built from",
+        (("sql/migrations/0044_poison_inputs.sql", CONTENT_OK, CONTENT_ANY, 1),
+         ("sql/schema/20_decide.sql", CONTENT_OK, CONTENT_ANY, 1)),
+        ("tests/integration/test_hostile_moments.py::test_content_no_push_can_be_built_from_is_refused_before_a_slot_is_spent",),
+    ),
+    Mutant(
+        "ev1_event_at_infinity",
+        "gov.record_event_v1 stores an event at infinity",
+        (("sql/migrations/0044_poison_inputs.sql", "    IF NOT isfinite(p_at) THEN", "    IF false THEN", 1),
+         ("sql/schema/50_analytics.sql", "    IF NOT isfinite(p_at) THEN", "    IF false THEN", 1)),
+        ("tests/integration/test_hostile_moments.py::test_events_and_segments_at_infinity_are_refused",),
+    ),
+    Mutant(
+        "st1_nan_strength",
+        "gov.hour_curves_v1 takes a prior strength of NaN or infinity",
+        (("sql/migrations/0044_poison_inputs.sql", NAN_STRENGTH, " THEN", 1),
+         ("sql/schema/50_analytics.sql", NAN_STRENGTH, " THEN", 1)),
+        ("tests/integration/test_hostile_moments.py::test_the_hour_estimates_refuse_a_prior_strength_that_is_not_a_number_of_displays",),
+    ),
+    Mutant(
+        "ld1_lease_unbounded_in_the_cli",
+        "gov dispatch starts with a lease longer than a day, to fail at its claim",
+        (("gov/delivery/deadlines.py", "    if lease_s > MAX_LEASE_S:", "    if False:", 1),),
+        ("tests/acceptance/test_errors_before_work.py::test_usage_errors_of_the_long_commands_are_one_line",),
     ),
 ]
 
