@@ -23,9 +23,9 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -47,6 +47,7 @@ from gov.errors import (
 )
 
 log = logging.getLogger("gov.db")
+T = TypeVar("T")
 
 DEFAULT_POOL_TIMEOUT = 5.0  # seconds a caller waits for a free connection before PoolTimeout
 DEFAULT_POOL_SIZE = 4
@@ -221,14 +222,26 @@ class Source:
         repeat: decisions are idempotent on the message id, claims and releases take
         only what is still due. In the caller's own transaction nothing is retried.
         """
+
+        def one(conn: psycopg.Connection[Any]) -> list[Any]:
+            # the row factory is always gov's own: a caller's connection or pool may make
+            # dicts (dict_row), and a campaign once unpacked a dict's keys as its audience
+            with conn.cursor(row_factory=row_factory or tuple_row) as cur:
+                return cur.execute(query, params).fetchall()
+
+        return self.transaction(one, retry=retry)
+
+    def transaction(self, work: Callable[[psycopg.Connection[Any]], T], *, retry: bool = True) -> T:
+        """``work(conn)`` in one unit of work, its result returned; run again on a fresh
+        connection when gov owns the connection and loses it, as :meth:`execute` says.
+        ``work`` must be safe to repeat (an idempotent write, a read): a pool hands out a
+        connection the server has dropped, and only its first statement finds out."""
         deadline = time.monotonic() + self.pool_timeout
         delay = 0.05  # seconds, doubling: a restart takes about a second
         while True:
             try:
-                # the row factory is always gov's own: a caller's connection or pool may make
-                # dicts (dict_row), and a campaign once unpacked a dict's keys as its audience
-                with self.connection() as conn, conn.cursor(row_factory=row_factory or tuple_row) as cur:
-                    return cur.execute(query, params).fetchall()
+                with self.connection() as conn:
+                    return work(conn)
             except ConnectionLost:
                 if not retry or self.external_transaction or time.monotonic() + delay > deadline:
                     raise

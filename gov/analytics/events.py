@@ -93,23 +93,19 @@ def record_event(
     """
     check_event(user_id, message_id, event, subscription_id)
     src, owned = as_source(source)
-    try:
-        with src.connection() as conn:
-            try:
-                row = conn.cursor(row_factory=tuple_row).execute(  # the caller's connection may make dicts
-                    q("record_event"),
-                    {
-                        "user_id": user_id,
-                        "message_id": message_id,
-                        "event": event,
-                        "subscription_id": subscription_id,
-                        "at": at,
-                    },
-                ).fetchone()
-            except psycopg.Error as exc:
-                if exc.sqlstate == REFUSED_SQLSTATE and exc.diag.message_primary:
-                    raise InvalidEvent(exc.diag.message_primary) from exc
-                raise
+    params = {"user_id": user_id, "message_id": message_id, "event": event, "subscription_id": subscription_id,
+              "at": at}
+
+    def record(conn: psycopg.Connection[Any]) -> Any:
+        try:  # the caller's connection may make dicts
+            return conn.cursor(row_factory=tuple_row).execute(q("record_event"), params).fetchone()
+        except psycopg.Error as exc:
+            if exc.sqlstate == REFUSED_SQLSTATE and exc.diag.message_primary:
+                raise InvalidEvent(exc.diag.message_primary) from exc
+            raise
+
+    try:  # safe to repeat on a fresh connection: an event is recorded once (its key)
+        row = src.transaction(record)
     finally:
         if owned:
             src.close()

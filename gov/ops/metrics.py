@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from gov.errors import ConfigurationError, DatabaseError
+from gov.errors import ConfigurationError, ConnectionLost, DatabaseError
 from gov.queries import q
 
 log = logging.getLogger("gov.ops.metrics")
@@ -239,11 +239,17 @@ class DatabaseCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         up = GaugeMetricFamily("gov_database_up", "1 when the database answered this scrape's metrics read, else 0.")
-        try:
-            with self._connect() as conn:
-                rows = conn.execute(q("metrics"), {"window_ms": self._window_ms}).fetchall()
-        except (DatabaseError, psycopg.Error) as exc:  # the scrape says so rather than failing
-            log.warning("metrics read failed: %s", exc, extra={"action": "metrics_database_error"})
+        rows = None
+        for attempt in (1, 2):  # a pool may hand out a connection the server dropped: once more
+            try:
+                with self._connect() as conn:
+                    rows = conn.execute(q("metrics"), {"window_ms": self._window_ms}).fetchall()
+                break
+            except (DatabaseError, psycopg.Error) as exc:  # the scrape says so rather than failing
+                if isinstance(exc, ConnectionLost) and attempt == 1:
+                    continue
+                log.warning("metrics read failed: %s", exc, extra={"action": "metrics_database_error"})
+        if rows is None:
             up.add_metric([], 0)
             yield up
             return

@@ -439,3 +439,35 @@ def test_unknown_routes_and_methods_answer_json(client: TestClient) -> None:
     # HEAD is GET without the body, as before
     head = client.head("/healthz")
     assert head.status_code == 200 and head.content == b""
+
+
+def test_every_door_answers_after_the_database_dropped_its_connections(
+    client: TestClient, db_url: str, conn: psycopg.Connection[Any], push: Any
+) -> None:
+    """The database is up but closed the server's connections (a failover, an idle
+    timeout, pg_terminate_backend): each door's first statement finds its pooled
+    connection dead and runs again on a fresh one, as the README promises; an outside
+    probe saw 503s from /healthz, /metrics, /events and the preference and segment PUTs."""
+    with Governor(db_url, pool_size=1, allow_loopback_http=True) as governor:
+        sub = governor.subscribe("u", push.subscribe("u").info)
+    assert send(client, {"userId": "u", "tier": "P0", "id": "m", "title": "t"}).status_code == 200
+    beacon = {"userId": "u", "messageId": "m", "event": "click", "subscriptionId": sub,
+              "token": BEACON_KEYS.mint("u", "m", sub)}
+    doors = [
+        lambda: client.get("/healthz"),
+        lambda: client.post("/events", json=beacon),
+        lambda: client.get("/users/u/preferences", headers=AUTH),
+        lambda: client.put("/users/u/preferences", json={"timeZone": "Europe/Berlin"}, headers=AUTH),
+        lambda: client.put("/internal/users/u/segment", json={"segment": "vip"}, headers=AUTH),
+        lambda: send(client, {"userId": "u", "tier": "P0", "id": "m2", "title": "t"}),
+    ]
+    for door in doors:
+        assert door().status_code < 300  # every pool has its connections open
+    for door in doors:
+        (dropped,) = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                  " WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
+        assert dropped >= 1
+        r = door()
+        assert r.status_code < 300, r.text
+    assert conn.execute("SELECT segment, time_zone FROM gov.users WHERE user_id = 'u'").fetchone() == (
+        "vip", "Europe/Berlin")

@@ -956,6 +956,20 @@ MUTANTS = [
         (("gov/delivery/deadlines.py", "    if lease_s > MAX_LEASE_S:", "    if False:", 1),),
         ("tests/acceptance/test_errors_before_work.py::test_usage_errors_of_the_long_commands_are_one_line",),
     ),
+    Mutant(
+        "rc1_beacon_not_retried",
+        "a beacon whose pooled connection the server dropped is answered 503 and lost",
+        (("gov/analytics/events.py", "        row = src.transaction(record)",
+          "        row = src.transaction(record, retry=False)", 1),),
+        ("tests/acceptance/test_serve.py::test_every_door_answers_after_the_database_dropped_its_connections",),
+    ),
+    Mutant(
+        "rc2_preferences_not_retried",
+        "a preferences call whose pooled connection the server dropped is answered 503",
+        (("gov/http/app.py", "transaction(lambda conn: fn(conn, *args))",
+          "transaction(lambda conn: fn(conn, *args), retry=False)", 1),),
+        ("tests/acceptance/test_serve.py::test_every_door_answers_after_the_database_dropped_its_connections",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
