@@ -78,12 +78,12 @@ def test_dispatch_once_still_takes_a_due_row_and_a_lapsed_lease(
 ) -> None:
     env = vapid_env(tmp_path, db_url)
     conn.execute("SELECT gov.subscribe_v2('u', 'https://push.example/u', 'k', 'a')")
-    conn.execute("SELECT * FROM gov.send_v1('u', 'm1', 'P1', NULL, NULL, '{}', NULL, NULL)")
+    conn.execute("SELECT * FROM gov.send_v1('u', 'm1', 'P1', NULL, NULL, '{\"title\": \"t\"}', NULL, NULL)")
     # the endpoint's name does not resolve: the attempt fails, which proves it was made
     report, out = run(env, "dispatch", "--once", "--processes", "1")
     assert json.loads(out)["attempts"] == 1 and report["runner"] and report["forks"] == 0
     # a row whose runner died: still 'sending', its lease run out, its next attempt later
-    conn.execute("SELECT * FROM gov.send_v1('u', 'm2', 'P1', NULL, NULL, '{}', NULL, NULL)")
+    conn.execute("SELECT * FROM gov.send_v1('u', 'm2', 'P1', NULL, NULL, '{\"title\": \"t\"}', NULL, NULL)")
     conn.execute("UPDATE gov.outbox SET state = 'sending', lease_until = now() - interval '1 minute', "
                  "next_attempt_at = now() + interval '1 hour' WHERE message_id = 'm2'")
     report, out = run(env, "dispatch", "--once", "--processes", "1")

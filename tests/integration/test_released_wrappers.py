@@ -51,14 +51,14 @@ def test_decide_many_v1_and_send_many_v1_decide_in_user_order(conn: psycopg.Conn
     assert [(r[0], r[1], len(r[5])) for r in rows] == [("a", True, 1), ("b", True, 1)]
     # the third P2 in a day is over the 2/24 h cap, as for send_many_v2
     third = conn.execute("SELECT user_id, allowed, reason FROM gov.send_many_v1(ARRAY['a'], 'm3', 'P2', NULL, "
-                         "NULL, '{}', NULL, NULL)").fetchall()
+                         "NULL, '{\"title\": \"t\"}', NULL, NULL)").fetchall()
     assert third == [("a", False, "cap_86400000ms")]
 
 
 def queue(conn: psycopg.Connection[Any], users: list[str]) -> None:
     for user in users:
         subscribe(conn, user, 1)
-        conn.execute("SELECT * FROM gov.send_v1(%s, 'm', 'P1', NULL, NULL, '{}', NULL, NULL)", (user,))
+        conn.execute("SELECT * FROM gov.send_v1(%s, 'm', 'P1', NULL, NULL, '{\"title\": \"t\"}', NULL, NULL)", (user,))
 
 
 def test_v1_runner_claims_and_records_by_its_name(conn: psycopg.Connection[Any]) -> None:
@@ -93,7 +93,7 @@ def test_v2_runner_records_under_its_claim_token(conn: psycopg.Connection[Any]) 
 def test_release_due_v1_releases_what_release_due_v2_would(conn: psycopg.Connection[Any]) -> None:
     # P1 is 6 a day, then deferred (up to 6 h): a seventh 20 h later waits for the first slot
     conn.execute("UPDATE gov.settings SET jitter_ms = 0")
-    send = "SELECT action FROM gov.send_v1('h', %s, 'P1', NULL, NULL, '{}', NULL, NULL, %s)"
+    send = "SELECT action FROM gov.send_v1('h', %s, 'P1', NULL, NULL, '{\"title\": \"t\"}', NULL, NULL, %s)"
     for i in range(6):
         assert conn.execute(send, (f"m{i}", T0)).fetchone() == (None,)
     assert conn.execute(send, ("held", T0 + timedelta(hours=20))).fetchone() == ("defer",)
