@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
@@ -81,6 +82,17 @@ def translate_errors() -> Iterator[None]:
         raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
 
 
+def _checked_pool(pool_size: Any, pool_timeout: Any) -> float:
+    """``pool_timeout`` once both settings are usable: a None or nan timeout reached the
+    pool as a TypeError, or as a wait that never ends."""
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+        raise ConfigurationError(f"pool_size must be a whole number of connections, at least 1 (got {pool_size!r})")
+    if (isinstance(pool_timeout, bool) or not isinstance(pool_timeout, int | float)
+            or not math.isfinite(pool_timeout) or pool_timeout <= 0):
+        raise ConfigurationError(f"pool_timeout must be finite seconds > 0 (got {pool_timeout!r})")
+    return float(pool_timeout)
+
+
 def _is_pool_timeout(exc: psycopg.Error) -> bool:
     """psycopg_pool's timeout (an OperationalError); with no pool package loaded, no pool raised it."""
     pool = sys.modules.get("psycopg_pool")
@@ -125,7 +137,7 @@ class Source:
         self._conn: psycopg.Connection[Any] | None = None
         self._engine: Any = None
         self._sa_conn: Any = None
-        self.pool_timeout = pool_timeout
+        self.pool_timeout = _checked_pool(pool_size, pool_timeout)
         #: the DSN gov opened its pool with (None for a source the caller gave)
         self.dsn: str | None = source if isinstance(source, str) else None
         if isinstance(source, str):
@@ -282,7 +294,7 @@ class AsyncSource:
         self._opened = False
         self._closed = False
         self._open_lock: asyncio.Lock | None = None
-        self.pool_timeout = pool_timeout
+        self.pool_timeout = _checked_pool(pool_size, pool_timeout)
         self.dsn: str | None = None
         self._pool_size = pool_size
         if isinstance(source, str):

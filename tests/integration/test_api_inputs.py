@@ -47,6 +47,17 @@ def test_an_empty_database_url_is_refused() -> None:
             AsyncGovernor(url)
 
 
+@pytest.mark.parametrize(("setting", "value"), [
+    ("pool_timeout", None), ("pool_timeout", float("nan")), ("pool_timeout", float("inf")), ("pool_timeout", 0),
+    ("pool_size", 0), ("pool_size", 2.5), ("pool_size", None),
+])
+def test_pool_settings_that_cannot_work_are_refused_by_name(db_url: str, setting: str, value: Any) -> None:
+    # a None timeout reached psycopg_pool as a TypeError; nan or inf as a wait without end
+    for make in (Governor, AsyncGovernor):
+        with pytest.raises(ConfigurationError, match=setting):
+            make(db_url, **{setting: value})
+
+
 def test_the_sync_governor_records_events_as_the_async_one_does(governor: Governor) -> None:
     assert governor.decide(Message(user_id="u", id="m", tier="P2")).allowed
     assert governor.record_event("u", "m", "display") is True

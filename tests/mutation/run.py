@@ -970,6 +970,13 @@ MUTANTS = [
           "transaction(lambda conn: fn(conn, *args), retry=False)", 1),),
         ("tests/acceptance/test_serve.py::test_every_door_answers_after_the_database_dropped_its_connections",),
     ),
+    Mutant(
+        "pt3_pool_timeout_unchecked",
+        "Governor(pool_timeout=None) reaches the pool and fails there with a TypeError",
+        (("gov/db.py", "            or not math.isfinite(pool_timeout) or pool_timeout <= 0):",
+          "            and False):", 1),),
+        ("tests/integration/test_api_inputs.py::test_pool_settings_that_cannot_work_are_refused_by_name",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
