@@ -894,6 +894,13 @@ MUTANTS = [
           "or False", 1),),
         ("tests/integration/test_delivery.py::test_refusals_while_the_origin_accepts_are_the_subscriptions_own",),
     ),
+    Mutant(
+        "sv1_error_lines_not_joined",
+        "gov's one error line prints libpq's two-line message as it is",
+        (("gov/cli/main.py", 'click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)',
+          'click.echo(f"gov: error: {exc}", err=True)', 1),),
+        ("tests/unit/test_cli_one_line.py::test_a_refused_connection_is_one_error_line_naming_both_parts",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

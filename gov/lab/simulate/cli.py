@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gov.cli.common import check_output_path, option
 from gov.db import resolve_url
-from gov.errors import GovError
+from gov.errors import GovError, one_line
 from gov.lab.simulate.cost import cost_meter
 from gov.lab.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
 from gov.lab.simulate.engine import simulate as run_simulation
@@ -122,7 +122,7 @@ def simulate(
             load_policy(config)  # a bad file is refused before anything starts, as bad usage
         except GovError as exc:
             # one line, exit 2, as gov's own usage errors (also when run as this module)
-            click.echo(f"gov: error: Invalid value for '--policy': {' '.join(str(exc).split())} "
+            click.echo(f"gov: error: Invalid value for '--policy': {one_line(str(exc))} "
                        "(see gov simulate --help)", err=True)
             sys.exit(2)
         started = time.perf_counter()
@@ -144,7 +144,7 @@ def simulate(
         wall = time.perf_counter() - started
         cost = spent()
     except GovError as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
 
     out = Console() if sys.stdout.isatty() else Console(width=160)
@@ -191,7 +191,7 @@ def _grid(users: int, days: int, seeds: str, tolerances: str, cache: Path, datab
                                  on_simulate=lambda s, t: err.print(f"gov: simulating seed {s}, tolerance {t:g}"))
                 for tol in tolerance_list for seed in seed_list]
     except GovError as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     result = cells(sims)
     out = Console() if sys.stdout.isatty() else Console(width=160)
