@@ -901,6 +901,41 @@ MUTANTS = [
           'click.echo(f"gov: error: {exc}", err=True)', 1),),
         ("tests/unit/test_cli_one_line.py::test_a_refused_connection_is_one_error_line_naming_both_parts",),
     ),
+    Mutant(
+        "sv2_grid_tolerances_unchecked",
+        "gov simulate --grid takes --tolerances as given (0: a ZeroDivisionError after minutes of work)",
+        (("gov/lab/simulate/cli.py", "        problem = tolerance_problem(tol)\n        if problem is not None:",
+          "        problem = tolerance_problem(tol)\n        if False:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_every_tolerance_is_checked_before_any_simulation",),
+    ),
+    Mutant(
+        "sv3_tolerance_nan_accepted",
+        "--tolerance is a click.FloatRange again, which lets nan through",
+        (("gov/lab/simulate/cli.py", "type=FiniteRange(*TOLERANCE_RANGE)",
+          "type=click.FloatRange(*TOLERANCE_RANGE)", 1),),
+        ("tests/unit/test_simulate_grid.py::test_every_tolerance_is_checked_before_any_simulation",),
+    ),
+    Mutant(
+        "sv4_corrupt_grid_file_raises",
+        "a saved grid file that is not JSON ends the grid in a traceback",
+        (("gov/lab/simulate/grid.py", "(OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:",
+          "(OSError, UnicodeDecodeError, KeyError, TypeError) as exc:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_a_corrupt_saved_simulation_is_simulated_again_and_said_so",),
+    ),
+    Mutant(
+        "sv5_grid_key_without_hour_effect",
+        "a saved grid cell is reused whatever --hour-effect it was simulated with",
+        (("gov/lab/simulate/grid.py", '-hour{hour_effect:g}.json"', '.json"', 1),
+         ("gov/lab/simulate/grid.py", "sim.days, sim.hour_effect) != (seed, tolerance, users, days, hour_effect):",
+          "sim.days) != (seed, tolerance, users, days):", 1)),
+        ("tests/unit/test_simulate_grid.py::test_a_saved_simulation_is_reused_only_for_its_own_hour_effect_and_code",),
+    ),
+    Mutant(
+        "sv6_grid_key_without_code",
+        "a saved grid cell is reused whatever code simulated it",
+        (("gov/lab/simulate/grid.py", "    if sim.code != code_version():", "    if False:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_a_saved_simulation_is_reused_only_for_its_own_hour_effect_and_code",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
