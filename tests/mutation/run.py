@@ -936,6 +936,14 @@ MUTANTS = [
         (("gov/lab/simulate/grid.py", "    if sim.code != code_version():", "    if False:", 1),),
         ("tests/unit/test_simulate_grid.py::test_a_saved_simulation_is_reused_only_for_its_own_hour_effect_and_code",),
     ),
+    Mutant(
+        "sv7_sends_needed_borrowed_rates",
+        "the sends needed fall back to the fitted rates at the estimate, which the highest group does not draw at",
+        (("gov/analytics/crossover.py", "pc, pu, alpha)\n    return CrossoverEstimate(NOT_ENOUGH_DATA",
+          "pc, pu, alpha) or sends_needed(blocker.clicks, blocker.unsubscribes, *rates_at(curve, fitted), alpha)\n"
+          "    return CrossoverEstimate(NOT_ENOUGH_DATA", 1),),
+        ("tests/unit/test_crossover.py::test_the_sends_needed_are_the_highest_groups_at_its_own_or_fitted_rates_or_none",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
