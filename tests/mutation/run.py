@@ -942,7 +942,23 @@ MUTANTS = [
         (("gov/analytics/crossover.py", "pc, pu, alpha)\n    return CrossoverEstimate(NOT_ENOUGH_DATA",
           "pc, pu, alpha) or sends_needed(blocker.clicks, blocker.unsubscribes, *rates_at(curve, fitted), alpha)\n"
           "    return CrossoverEstimate(NOT_ENOUGH_DATA", 1),),
-        ("tests/unit/test_crossover.py::test_the_sends_needed_are_the_highest_groups_at_its_own_or_fitted_rates_or_none",),
+        ("tests/unit/test_crossover.py::"
+         "test_the_sends_needed_are_the_highest_groups_at_its_own_or_fitted_rates_or_none",),
+    ),
+    Mutant(
+        "sv8_expired_line_ttl_only",
+        "the summary's expired line counts the TTL-expired alone beside the tier table's every expired",
+        (("gov/lab/simulate/summary.py", "        total = sum(n for _, n, _ in outcomes)\n",
+          "        total = split.get(tier, (0, 0))[0]\n", 1),),
+        ("tests/unit/test_simulate_probe.py::"
+         "test_every_expired_count_is_named_for_what_it_counts_and_adds_up_to_the_tier_table",),
+    ),
+    Mutant(
+        "sv9_blocking_rules_plain_drop",
+        "the blocking rules show a message expired at its decision as a plain drop",
+        (("sql/queries_simulate.sql", "THEN s.action || ': ' || d.outcome", "THEN s.action", 1),),
+        ("tests/integration/test_expired_split.py::"
+         "test_a_message_expired_at_its_decision_is_named_for_its_outcome_not_a_plain_drop",),
     ),
 ]
 
