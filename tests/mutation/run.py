@@ -960,6 +960,30 @@ MUTANTS = [
         ("tests/integration/test_expired_split.py::"
          "test_a_message_expired_at_its_decision_is_named_for_its_outcome_not_a_plain_drop",),
     ),
+    Mutant(
+        "sv10_events_after_the_end_recorded",
+        "a display after the simulation's end, and its reaction, are recorded and counted",
+        (("gov/lab/simulate/engine.py", "if shown > self.config.end:", "if False:", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
+    ),
+    Mutant(
+        "sv11_truth_counts_after_the_end",
+        "the truth keeps the expected click and unsubscribe of a display after the end",
+        (("gov/lab/simulate/engine.py", "                    displayed, outcome = False, \"ignore\"\n"
+          "                    e_click, e_unsub = 0.0, 0.0\n",
+          "                    displayed, outcome = False, \"ignore\"\n", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
+    ),
+    Mutant(
+        "sv12_late_unsubscribe_keeps_receiving",
+        "an unsubscribe that shows after the end no longer stops the teams (the per-tier numbers would move)",
+        (("gov/lab/simulate/engine.py", "                        self.unsubscribed.add(user.index)  # the teams stop",
+          "                        pass  # the teams stop", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
