@@ -7,6 +7,15 @@ never need to import psycopg to handle a refusal.
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """An error's text as one line: its lines joined with "; ", the spaces in each collapsed.
+
+    libpq's messages can be two lines (a refused connection names each address it tried):
+    every ``gov: error: …`` is one line, for a log or a cron mail.
+    """
+    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
 class GovError(Exception):
     """Base class of every error gov raises on purpose."""
 

@@ -47,6 +47,7 @@ OVERALL = "*"
 CROSSOVER = "crossover"
 NOT_REACHED = "not reached"
 NOT_ENOUGH_DATA = "not enough data"
+NO_MORE_SENDS = "more data would not decide it at these rates"
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,9 @@ class CrossoverEstimate:
     high: int | None = None  # its upper end: the declared position (None: beyond the data)
     estimate: int | None = None  # the fitted curve's crossover, within [low, high] when declared
     adjusted_p: float | None = None  # the fixed-sequence adjusted p-value of the declaration
-    more_sends: int | None = None  # with NOT_ENOUGH_DATA: about how many more sends would decide it
+    # with NOT_ENOUGH_DATA: about how many more sends would decide it; None where more sends
+    # at the highest group's rates (its own, else the fitted ones) would not (NO_MORE_SENDS)
+    more_sends: int | None = None
     fit: Fit = field(default_factory=lambda: Fit((), (), ()))
     down: Walk = field(default_factory=lambda: Walk((), None, None))
     up: Walk = field(default_factory=lambda: Walk((), None, None))
@@ -335,7 +338,8 @@ class CrossoverEstimate:
         if self.verdict == CROSSOVER:
             return f"crossover by {self.position} (est. {self.estimate})"
         if self.verdict == NOT_ENOUGH_DATA:
-            return f"not enough data (~{self.more_sends:,} sends)"
+            return f"not enough data (~{self.more_sends:,} sends)" if self.more_sends is not None else (
+                "not enough data (not at these rates)")
         return NOT_REACHED
 
     def text(self) -> str:
@@ -347,8 +351,8 @@ class CrossoverEstimate:
                     f"crossover at or before position {self.position}")
         if self.verdict == NOT_ENOUGH_DATA:
             after = f"; it is after position {self.low - 1}" if self.low else ""
-            return (f"not enough data (about {self.more_sends:,} more sends would decide it; the fitted curve "
-                    f"crosses at position {self.estimate}{after})")
+            more = NO_MORE_SENDS if self.more_sends is None else f"about {self.more_sends:,} more sends would decide it"
+            return f"not enough data ({more}; the fitted curve crosses at position {self.estimate}{after})"
         return NOT_REACHED
 
 
@@ -373,9 +377,10 @@ def estimate(rows: Sequence[Counts], overall: Fit | None = None, *, min_events: 
         return CrossoverEstimate(NOT_REACHED, low=low, fit=curve, down=down, up=up, min_events=min_events)
     # nothing confirmed, but the fitted curve crosses: the further sends its highest group
     # would need, drawing at its own rates when they show more unsubscribes than clicks, else
-    # at the fitted curve's
-    # (a non-increasing click rate minus a non-decreasing unsubscribe rate crosses once, so
-    # the highest group is past the fitted crossover too)
+    # at the fitted curve's over its positions (sends-weighted). A group merged from thin
+    # positions can reach below the fitted crossover, and then even its fitted rates show
+    # more clicks than unsubscribes: no number of sends at those rates decides it, and the
+    # answer says so (more_sends None) instead of borrowing another position's rates.
     blocker = down.groups[-1]
     if blocker.unsubscribes > blocker.clicks:
         pc, pu = blocker.clicks / blocker.sends, blocker.unsubscribes / blocker.sends
@@ -385,8 +390,6 @@ def estimate(rows: Sequence[Counts], overall: Fit | None = None, *, min_events: 
         pc = sum(n * c for n, c, _ in inside) / blocker.sends
         pu = sum(n * u for n, _, u in inside) / blocker.sends
     more = sends_needed(blocker.clicks, blocker.unsubscribes, pc, pu, alpha)
-    if more is None:
-        more = sends_needed(blocker.clicks, blocker.unsubscribes, *rates_at(curve, fitted), alpha) or blocker.sends
     return CrossoverEstimate(NOT_ENOUGH_DATA, None, low, None, fitted, None, more, curve, down, up, min_events)
 
 

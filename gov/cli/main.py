@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from gov.errors import GovError
+from gov.errors import GovError, one_line
 
 # name: ("module:attribute", one-line help shown by `gov --help`). The help is the
 # command's own first docstring line; tests/unit/test_cli_startup.py keeps them equal.
@@ -107,12 +107,12 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except GovError as exc:
-            click.echo(f"gov: error: {exc}", err=True)
+            click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
             sys.exit(1)
         except click.ClickException as exc:  # a usage error (2) or a file click could not open (1)
             where = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx is not None else None
             hint = f" (see {where} --help)" if where else ""
-            click.echo(f"gov: error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            click.echo(f"gov: error: {one_line(exc.format_message())}{hint}", err=True)
             sys.exit(exc.exit_code)
 
 

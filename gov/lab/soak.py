@@ -607,12 +607,12 @@ def soak(
 
 def _main() -> None:
     # `python -m gov.lab.soak`: gov's own errors as one line, as the gov command line does
-    from gov.errors import GovError
+    from gov.errors import GovError, one_line
 
     try:
         soak(standalone_mode=True)
     except GovError as exc:
-        click.echo(f"gov: error: {exc}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
 
 

@@ -92,3 +92,31 @@ def test_a_later_deadline_sent_where_the_waiting_message_had_room_is_counted(
     # the same send a minute before the slot freed (a's 2 hours not yet over): w had no room
     conn.execute("UPDATE gov.sends SET sent_at = %s WHERE message_id = 'late'", (T0 + timedelta(hours=1, minutes=59),))
     assert split(conn) == [("P1", 1, 0)]
+
+
+DEFER_POLICY = POLICY.replace('defer_max = "8d"', 'defer_max = "1h"')
+
+
+def test_a_message_expired_at_its_decision_is_named_for_its_outcome_not_a_plain_drop(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The summary's blocking rules showed `cap_... P1 drop 13` for messages the per-tier table
+    counts as expired (defer_expired at the decision, logged as drops): the action now names
+    the outcome, and sim_expired_outcomes counts them by why, how many at the decision."""
+    with conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(DEFER_POLICY), DEFER_POLICY)
+    with Governor(db_url) as governor:
+        governor.send(Message(user_id="u", id="a", tier="P1", title="a"), at=T0)
+        # the 2-hour slot frees past defer_max (1 h): held and expired at once, logged as a drop
+        late = governor.send(Message(user_id="u", id="b", tier="P1", title="b"), at=T0 + timedelta(minutes=1))
+        assert late.decision.action == "drop" and late.decision.reason == "defer_expired"
+        # a plain drop stays a drop: P2's verb
+        for i in range(3):
+            governor.send(Message(user_id="u", id=f"p2-{i}", tier="P2", title="p"), at=T0 + timedelta(minutes=2 + i))
+    rules = {(r, t, a): n for r, t, a, n in conn.execute(q("sim_blocking_rules"), {"limit": 10}).fetchall()}
+    assert rules == {("cap_7200000ms", "P1", "drop: defer_expired"): 1, ("cap_86400000ms", "P2", "drop"): 1}
+    outcomes = conn.execute(q("sim_expired_outcomes")).fetchall()
+    assert outcomes == [("P1", "defer_expired", 1, 1)]
+    # the row the summary reads is unchanged: what the SQL logs stays a drop
+    logged = conn.execute("SELECT action FROM gov.push_suppressions WHERE message_id = 'b'").fetchall()
+    assert logged == [("drop",)]

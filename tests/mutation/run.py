@@ -693,7 +693,7 @@ MUTANTS = [
     Mutant(
         "hp9_healthz_blind_to_the_sends_pool",
         "/healthz reads the database through the app's pool only, not the sends' own",
-        (("gov/http/app.py", '        await sender.source.execute(q("ping"), {}, retry=False)\n', "", 1),),
+        (("gov/http/app.py", '        await sender.source.execute(q("ping"), {})\n', "", 1),),
         (PROBE + "test_healthz_answers_for_the_sends_own_pool_too",),
     ),
     Mutant(
@@ -976,6 +976,96 @@ MUTANTS = [
         (("gov/db.py", "            or not math.isfinite(pool_timeout) or pool_timeout <= 0):",
           "            and False):", 1),),
         ("tests/integration/test_api_inputs.py::test_pool_settings_that_cannot_work_are_refused_by_name",),
+    ),
+    Mutant(
+        "sv1_error_lines_not_joined",
+        "gov's one error line prints libpq's two-line message as it is",
+        (("gov/cli/main.py", 'click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)',
+          'click.echo(f"gov: error: {exc}", err=True)', 1),),
+        ("tests/unit/test_cli_one_line.py::test_a_refused_connection_is_one_error_line_naming_both_parts",),
+    ),
+    Mutant(
+        "sv2_grid_tolerances_unchecked",
+        "gov simulate --grid takes --tolerances as given (0: a ZeroDivisionError after minutes of work)",
+        (("gov/lab/simulate/cli.py", "        problem = tolerance_problem(tol)\n        if problem is not None:",
+          "        problem = tolerance_problem(tol)\n        if False:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_every_tolerance_is_checked_before_any_simulation",),
+    ),
+    Mutant(
+        "sv3_tolerance_nan_accepted",
+        "--tolerance is a click.FloatRange again, which lets nan through",
+        (("gov/lab/simulate/cli.py", "type=FiniteRange(*TOLERANCE_RANGE)",
+          "type=click.FloatRange(*TOLERANCE_RANGE)", 1),),
+        ("tests/unit/test_simulate_grid.py::test_every_tolerance_is_checked_before_any_simulation",),
+    ),
+    Mutant(
+        "sv4_corrupt_grid_file_raises",
+        "a saved grid file that is not JSON ends the grid in a traceback",
+        (("gov/lab/simulate/grid.py", "(OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:",
+          "(OSError, UnicodeDecodeError, KeyError, TypeError) as exc:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_a_corrupt_saved_simulation_is_simulated_again_and_said_so",),
+    ),
+    Mutant(
+        "sv5_grid_key_without_hour_effect",
+        "a saved grid cell is reused whatever --hour-effect it was simulated with",
+        (("gov/lab/simulate/grid.py", '-hour{hour_effect:g}.json"', '.json"', 1),
+         ("gov/lab/simulate/grid.py", "sim.days, sim.hour_effect) != (seed, tolerance, users, days, hour_effect):",
+          "sim.days) != (seed, tolerance, users, days):", 1)),
+        ("tests/unit/test_simulate_grid.py::test_a_saved_simulation_is_reused_only_for_its_own_hour_effect_and_code",),
+    ),
+    Mutant(
+        "sv6_grid_key_without_code",
+        "a saved grid cell is reused whatever code simulated it",
+        (("gov/lab/simulate/grid.py", "    if sim.code != code_version():", "    if False:", 1),),
+        ("tests/unit/test_simulate_grid.py::test_a_saved_simulation_is_reused_only_for_its_own_hour_effect_and_code",),
+    ),
+    Mutant(
+        "sv7_sends_needed_borrowed_rates",
+        "the sends needed fall back to the fitted rates at the estimate, which the highest group does not draw at",
+        (("gov/analytics/crossover.py", "pc, pu, alpha)\n    return CrossoverEstimate(NOT_ENOUGH_DATA",
+          "pc, pu, alpha) or sends_needed(blocker.clicks, blocker.unsubscribes, *rates_at(curve, fitted), alpha)\n"
+          "    return CrossoverEstimate(NOT_ENOUGH_DATA", 1),),
+        ("tests/unit/test_crossover.py::"
+         "test_the_sends_needed_are_the_highest_groups_at_its_own_or_fitted_rates_or_none",),
+    ),
+    Mutant(
+        "sv8_expired_line_ttl_only",
+        "the summary's expired line counts the TTL-expired alone beside the tier table's every expired",
+        (("gov/lab/simulate/summary.py", "        total = sum(n for _, n, _ in outcomes)\n",
+          "        total = split.get(tier, (0, 0))[0]\n", 1),),
+        ("tests/unit/test_simulate_probe.py::"
+         "test_every_expired_count_is_named_for_what_it_counts_and_adds_up_to_the_tier_table",),
+    ),
+    Mutant(
+        "sv9_blocking_rules_plain_drop",
+        "the blocking rules show a message expired at its decision as a plain drop",
+        (("sql/queries_simulate.sql", "THEN s.action || ': ' || d.outcome", "THEN s.action", 1),),
+        ("tests/integration/test_expired_split.py::"
+         "test_a_message_expired_at_its_decision_is_named_for_its_outcome_not_a_plain_drop",),
+    ),
+    Mutant(
+        "sv10_events_after_the_end_recorded",
+        "a display after the simulation's end, and its reaction, are recorded and counted",
+        (("gov/lab/simulate/engine.py", "if shown > self.config.end:", "if False:", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
+    ),
+    Mutant(
+        "sv11_truth_counts_after_the_end",
+        "the truth keeps the expected click and unsubscribe of a display after the end",
+        (("gov/lab/simulate/engine.py", "                    displayed, outcome = False, \"ignore\"\n"
+          "                    e_click, e_unsub = 0.0, 0.0\n",
+          "                    displayed, outcome = False, \"ignore\"\n", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
+    ),
+    Mutant(
+        "sv12_late_unsubscribe_keeps_receiving",
+        "an unsubscribe that shows after the end no longer stops the teams (the per-tier numbers would move)",
+        (("gov/lab/simulate/engine.py", "                        self.unsubscribed.add(user.index)  # the teams stop",
+          "                        pass  # the teams stop", 1),),
+        ("tests/unit/test_simulate_hours.py::"
+         "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
     ),
 ]
 

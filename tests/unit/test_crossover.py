@@ -13,6 +13,7 @@ import pytest
 from gov.analytics.crossover import (
     ALPHA,
     CROSSOVER,
+    NO_MORE_SENDS,
     NOT_ENOUGH_DATA,
     NOT_REACHED,
     OVERALL,
@@ -121,7 +122,7 @@ def test_a_clear_crossover_is_declared_with_an_interval_that_holds_it() -> None:
 
 def test_no_crossover_is_not_reached_and_thin_data_names_the_sends_needed() -> None:
     assert estimate([Counts(k, 2000, 100 - k, 2) for k in range(10)]).verdict == NOT_REACHED
-    thin = estimate([Counts(0, 400, 40, 0), Counts(1, 300, 20, 1), Counts(2, 30, 1, 2), Counts(3, 20, 0, 1)])
+    thin = estimate([Counts(0, 400, 40, 0), Counts(1, 300, 20, 1), Counts(2, 60, 5, 6), Counts(3, 40, 3, 6)])
     assert thin.verdict == NOT_ENOUGH_DATA and thin.more_sends is not None and thin.more_sends > 0
     assert thin.position is None and "more sends would decide it" in thin.text()
     assert estimate([]).verdict == NOT_REACHED
@@ -186,3 +187,39 @@ def test_the_rule_declares_a_crossover_early_at_most_alpha_of_the_time_over_the_
     assert max(early) <= 0.12, rates
     # and the rule is not silent: where the data is rich it declares
     assert min(d for (_, sends), (_, d) in rates.items() if sends == 1500) >= 0.9, rates
+
+
+# All users of `gov simulate --users 400 --days 6 --seed 7` (position, sends, clicks,
+# unsubscribes): the highest tested group is 9-27, whose positions 9-13 lie before the
+# fitted crossover (14), so neither its own rates nor its fitted ones show more
+# unsubscribes than clicks. The figure printed was 96,253 (at position 14's fitted rates,
+# a rate the group does not draw at) where each segment needed 777-4,197.
+PROBE_SEED_7 = [
+    (0, 400, 47, 0), (1, 369, 37, 0), (2, 333, 29, 0), (3, 298, 27, 0), (4, 259, 19, 0), (5, 197, 12, 0),
+    (6, 148, 9, 0), (7, 131, 8, 1), (8, 106, 3, 0), (9, 80, 6, 0), (10, 60, 3, 0), (11, 52, 4, 1),
+    (12, 40, 1, 1), (13, 30, 2, 1), (14, 19, 0, 0), (15, 14, 0, 0), (16, 11, 0, 0), (17, 8, 0, 1),
+    (18, 7, 1, 1), (19, 5, 0, 0), (20, 4, 0, 0), (21, 4, 0, 0), (22, 3, 0, 0), (23, 3, 0, 0), (24, 2, 0, 0),
+    (25, 1, 0, 0), (26, 1, 0, 0), (27, 1, 0, 0),
+]
+
+
+def test_the_sends_needed_are_the_highest_groups_at_its_own_or_fitted_rates_or_none() -> None:
+    result = estimate([Counts(*r) for r in PROBE_SEED_7])
+    top = result.down.groups[-1]
+    assert result.verdict == NOT_ENOUGH_DATA and result.estimate == 14 and (top.first, top.last) == (9, 27)
+    assert top.unsubscribes <= top.clicks
+    assert result.more_sends is None  # no number of sends at the group's rates decides it
+    assert NO_MORE_SENDS in result.text() and "more sends would decide it" not in result.text()
+    assert "not enough data" in result.short_text() and "~" not in result.short_text()
+    # its own rates show more unsubscribes than clicks: N is at those rates
+    own = estimate([Counts(0, 400, 40, 0), Counts(1, 300, 20, 1), Counts(2, 60, 5, 6), Counts(3, 40, 3, 6)])
+    g = own.down.groups[-1]
+    assert (g.first, g.last, g.clicks, g.unsubscribes) == (2, 3, 8, 12)
+    assert own.more_sends == sends_needed(8, 12, 8 / 100, 12 / 100) == 255
+    # its own do not (10 and 10) but its fitted ones do (5 % and 10 %): N is at the fitted rates
+    fitted = estimate([Counts(0, 1000, 100, 0), Counts(1, 1000, 50, 0), Counts(2, 200, 5, 15),
+                       Counts(3, 100, 10, 10)])
+    g = fitted.down.groups[-1]
+    assert (g.first, g.last, g.clicks, g.unsubscribes) == (3, 3, 10, 10)
+    assert fitted.fit.as_map()[3] == pytest.approx((0.05, 0.10))
+    assert fitted.more_sends == sends_needed(10, 10, 0.05, 0.10) == 275

@@ -7,9 +7,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from gov.lab.simulate.story import (
     HOUR_SHAPES,
     KINDS,
+    SEGMENTS,
+    expected,
     hidden_best_hour,
     hidden_hours,
     hour_factor,
@@ -95,3 +99,43 @@ def test_the_recovery_note_compares_in_gvs_own_hours() -> None:
     lines = hours_lines(HourRecovery(0.93, (("1–4", 10, 3), ("20+", 4, 2)), (("0", 8, 1),)))
     assert "correlates 0.93" in lines[0]
     assert "1–4 displays: 30 % of 10; 20+ displays: 50 % of 4" in lines[1] and "0 clicks: 12 % of 8" in lines[2]
+
+
+def test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted() -> None:
+    """With an hour effect a display can fall after the simulation's end; its display and
+    reaction were recorded then and counted by the summary's engagement line and dice
+    table, not by the marginal measure at the end (263 unsubscribes against 259)."""
+    from gov.lab.simulate.engine import Engine
+    from gov.lab.simulate.model import SimConfig
+
+    config = SimConfig(users=80, days=1, seed=5, tolerance=0.1, hour_effect=0.9)
+    engine = Engine("postgresql://unused", config, governed=True)
+    now = config.end - timedelta(minutes=5)  # the last tick's delivery
+    for u in engine.users:  # a busy week: an unsubscribe is a likely reaction
+        for k in range(12):
+            engine.reader.add(u.index, now - timedelta(hours=k + 1))
+    items = [(u.user_id, "promo-00-10", 1) for u in engine.users]
+    late = [u for u in engine.users
+            if (shown_at(config.seed, u, "promo-00-10", now, KINDS["promo"].ttl_s, 0.9) or now) > config.end]
+    assert len(late) >= 10  # the rule is exercised: many browsers open only after midnight
+    events = engine._react(items, now)
+    assert events and all(at <= config.end for *_, at in events)
+    late_ids = {u.user_id for u in late}
+    assert not any(user in late_ids for user, *_ in events)  # neither the display nor the reaction
+    # the dice table counts what was recorded, and every send
+    (sends, clicks, unsubscribes), = engine.stats.curve.values()
+    assert sends == len(items)
+    assert clicks == sum(e == "click" for _, _, e, _, _ in events)
+    assert unsubscribes == sum(e == "unsubscribe" for _, _, e, _, _ in events) > 0
+    # the truth gives a display after the end no expected click or unsubscribe either
+    truth = sum(c + u for _, c, u in engine.stats.truth.values())
+    on_time = 0.0
+    for u in engine.users:
+        shown = shown_at(config.seed, u, "promo-00-10", now, KINDS["promo"].ttl_s, 0.9)
+        if shown is not None and u.user_id not in late_ids:
+            on_time += sum(expected(KINDS["promo"], 12, SEGMENTS[u.segment] * 0.1, hour_factor(u, shown, 0.9)))
+    assert sum(n for n, _, _ in engine.stats.truth.values()) == len(items)
+    assert truth == pytest.approx(on_time) and on_time > 0
+    # an unsubscribe drawn after the end still stops the teams (gov is handed what it was), uncounted
+    assert engine.unsubscribed_after_end and engine.unsubscribed_after_end <= engine.unsubscribed
+    assert not engine.unsubscribed_after_end & {engine.by_id[user].index for user, *_ in events}

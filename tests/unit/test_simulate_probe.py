@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from gov.lab.simulate.summary import Summary, render, to_html
+from gov.lab.simulate.summary import Row, Summary, expired_lines, render, to_html
 from gov.lab.simulate.versus import policy_comparison
 from tests.unit.test_simulate_html import _summary
 
@@ -47,3 +47,29 @@ def test_the_page_of_a_policy_comparison_shows_what_the_terminal_shows() -> None
         assert row in page and row in terminal
     assert "did better than default policy" in page or "did not do better than default policy" in page
     assert page.count('<section class="run">') == 2  # and the baseline's run, for a closer look
+
+
+def test_every_expired_count_is_named_for_what_it_counts_and_adds_up_to_the_tier_table() -> None:
+    """Seed 7, 400 users x 6 days: the summary said "P1 expired (TTL): 7" beside the tier
+    table's 21, and "cap_86400000ms P1 drop 13" for 13 of the 14 defer_expired messages,
+    which it never named."""
+    s = replace(
+        _summary("governed", "default policy"),
+        by_tier=(Row("P1", messages=966, sent=615, released=328, expired=21, held=2, delivered=943),),
+        blocking=(("cap_86400000ms", "P1", "drop: defer_expired", 13),),
+        expired_split=(("P1", 7, 0),),
+        expired_outcomes=(("P1", "defer_expired", 14, 13), ("P1", "ttl_expired", 7, 1)),
+    )
+    text = _text(render(s))
+    assert ("P1 expired while held: 21 = 14 defer_expired (waiting would pass defer_max) + 7 ttl_expired "
+            "(waiting would pass the TTL: 7 no slot opened before it, 0 a slot went to a later deadline); "
+            '14 of them at their decision ("drop: …" in the blocking rules)') in text
+    assert "expired (TTL)" not in text
+    assert "drop: defer_expired" in text and "counted under \"expired\" in the per-tier table" in text
+    page = to_html(s)
+    assert "P1 expired while held: 21 = 14 defer_expired" in page and "logged as drops" in page
+    # each tier's line adds up to the tier table's "expired"
+    for line in expired_lines(s):
+        tier = line.plain.split(" ", 1)[0]
+        total = int(line.plain.split(": ", 1)[1].split(" ", 1)[0])
+        assert total == next(r.expired for r in s.by_tier if r.key == tier)

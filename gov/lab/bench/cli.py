@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from gov.cli.common import check_output_path, option
-from gov.errors import GovError
+from gov.errors import GovError, one_line
 from gov.lab.bench.decisions import WORKLOADS, BenchConfig, BenchError, run
 
 if TYPE_CHECKING:
@@ -291,7 +291,7 @@ def bench(
             report.write_json(json_path)
     except (GovError, BenchError, RuntimeError, OSError) as exc:
         # one line, whatever the driver put in the message (libpq's span several)
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         # the clients, the private redis-server and the scratch database are already gone
@@ -318,7 +318,7 @@ def _campaign(database_url: str | None, clients: int, campaign_connections: int,
                 seconds=seconds, rounds=rounds, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True),
             )
     except (GovError, BenchError, RuntimeError, OSError) as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     single = report.median("single_1") or 1.0
     single_n = report.median("single_n") or 1.0
@@ -347,7 +347,7 @@ def _http(cfg: HttpBenchConfig, json_path: Path | None) -> None:
     try:
         report = run_http_bench(cfg, progress=lambda msg: click.echo(f"gov bench: {msg}", err=True))
     except (GovError, BenchError, RuntimeError, OSError) as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         # the servers, the private redis-server and the scratch databases are already gone
@@ -378,7 +378,7 @@ def _delivery(database_url: str | None, messages: int, workers: int, processes: 
                 progress=lambda msg: click.echo(f"gov bench: {msg}", err=True),
             )
     except (GovError, BenchError, RuntimeError, OSError) as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     figures = report.figures
     naive = figures[0].per_second or 1.0

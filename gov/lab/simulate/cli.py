@@ -14,18 +14,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gov.cli.common import check_output_path, option
+from gov.cli.common import FiniteRange, check_output_path, option
 from gov.db import resolve_url
-from gov.errors import GovError
+from gov.errors import GovError, one_line
 from gov.lab.simulate.cost import cost_meter
 from gov.lab.simulate.engine import EngineStats, RunOutcome, SimConfig, load_policy
 from gov.lab.simulate.engine import simulate as run_simulation
+from gov.lab.simulate.model import HOUR_EFFECT_RANGE, TOLERANCE_RANGE, tolerance_problem
 from gov.lab.simulate.summary import plural, print_summary, to_html
 from gov.lab.simulate.versus import policy_comparison, policy_verdict
 
@@ -49,10 +50,10 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         help="A TOML policy to simulate instead of gov's default one.")
 @option("--seed", envvar="GOV_SIMULATE_SEED", type=int, default=1,
         help="One seed, one story: two runs with the same seed print the same summary.")
-@option("--tolerance", envvar="GOV_SIMULATE_TOLERANCE", type=click.FloatRange(0.1, 10.0), default=1.0,
+@option("--tolerance", envvar="GOV_SIMULATE_TOLERANCE", type=FiniteRange(*TOLERANCE_RANGE), default=1.0,
         help="Stretch every simulated fatigue curve along the volume axis: 2 moves every true crossover "
         "to about twice the weekly volume.")
-@option("--hour-effect", envvar="GOV_SIMULATE_HOUR_EFFECT", type=click.FloatRange(0.0, 0.9), default=0.5,
+@option("--hour-effect", envvar="GOV_SIMULATE_HOUR_EFFECT", type=FiniteRange(*HOUR_EFFECT_RANGE), default=0.5,
         help="Amplitude of the users' hidden responsiveness by local hour (morning, lunch or evening people, "
         "each with noise): it delays display while their browser is closed and scales clicks by the hour of "
         "display; 0.5 makes the best hour about 3x the worst, 0 turns it off.")
@@ -67,11 +68,14 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         help="Keep the scratch database(s) and print their URLs, to look around with SQL.")
 @option("--grid", envvar="GOV_SIMULATE_GRID", is_flag=True,
         help="Calibrate the crossover measure instead: one governed run per seed x tolerance (--seeds, "
-        "--tolerances), each saved under --grid-cache and reused, then every cell (all users and each "
-        "segment: the measure, its interval, the truth, agreement) and the false-early count.")
+        "--tolerances; --users, --days and --hour-effect as given), each saved under --grid-cache and reused, "
+        "then every cell (all users and each segment: the measure, its interval, the truth, agreement) and the "
+        "false-early count. A saved file is reused only when it holds a simulation of exactly these settings made "
+        "by this code; any other (unreadable, truncated, of older code) is simulated again and replaced, said in "
+        "one line on stderr.")
 @option("--seeds", envvar="GOV_SIMULATE_SEEDS", default="1-5", help="With --grid: seeds, e.g. 1-5 or 11,12.")
 @option("--tolerances", envvar="GOV_SIMULATE_TOLERANCES", default="0.75,1,1.5",
-        help="With --grid: tolerances, comma-separated.")
+        help="With --grid: tolerances, comma-separated, each in 0.1-10 as --tolerance.")
 @option("--grid-cache", envvar="GOV_SIMULATE_GRID_CACHE", default=Path(".gov/grid"),
         type=click.Path(file_okay=False, path_type=Path),
         help="With --grid: where each simulation's counts and truth are saved (a saved one is not simulated again).")
@@ -106,7 +110,7 @@ def simulate(
     check_output_path(html_file, "--html")  # before minutes of simulation, not after
     err = Console(stderr=True)
     if grid:
-        _grid(users, days, seeds, tolerances, grid_cache, database_url, err)
+        _grid(users, days, hour_effect, seeds, tolerances, grid_cache, database_url, err)
         return
     try:
         policy_text = policy_name = None
@@ -122,7 +126,7 @@ def simulate(
             load_policy(config)  # a bad file is refused before anything starts, as bad usage
         except GovError as exc:
             # one line, exit 2, as gov's own usage errors (also when run as this module)
-            click.echo(f"gov: error: Invalid value for '--policy': {' '.join(str(exc).split())} "
+            click.echo(f"gov: error: Invalid value for '--policy': {one_line(str(exc))} "
                        "(see gov simulate --help)", err=True)
             sys.exit(2)
         started = time.perf_counter()
@@ -144,7 +148,7 @@ def simulate(
         wall = time.perf_counter() - started
         cost = spent()
     except GovError as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
 
     out = Console() if sys.stdout.isatty() else Console(width=160)
@@ -176,22 +180,40 @@ def simulate(
         sys.exit(1)
 
 
-def _grid(users: int, days: int, seeds: str, tolerances: str, cache: Path, database_url: str | None,
-          err: Console) -> None:
+def _usage_error(option_name: str, problem: str) -> NoReturn:
+    """One line, exit 2, as gov's own usage errors (also when run as this module)."""
+    click.echo(f"gov: error: Invalid value for '{option_name}': {problem} (see gov simulate --help)", err=True)
+    sys.exit(2)
+
+
+def _grid(users: int, days: int, hour_effect: float, seeds: str, tolerances: str, cache: Path,
+          database_url: str | None, err: Console) -> None:
     from gov.lab.simulate.grid import cells, grid_table, grid_verdict, load_or_simulate, parse_list
 
+    # every value checked before the first simulation: a bad one must not end minutes of work
     try:
         seed_list = parse_list(seeds, int)
+    except ValueError:
+        _usage_error("--seeds", f"{seeds!r} is not a list of whole numbers or ranges (e.g. 1-5 or 11,12)")
+    try:
         tolerance_list = parse_list(tolerances, float)
     except ValueError:
-        click.echo(f"gov: error: --seeds {seeds!r} / --tolerances {tolerances!r}: not a list of numbers", err=True)
-        sys.exit(1)
+        _usage_error("--tolerances", f"{tolerances!r} is not a comma-separated list of numbers")
+    for tol in tolerance_list:
+        problem = tolerance_problem(tol)
+        if problem is not None:
+            _usage_error("--tolerances", problem)
+
+    def stale(path: Path, why: str) -> None:
+        click.echo(f"gov: {path}: {why}; simulating it again", err=True)  # one line, never wrapped
+
     try:
         sims = [load_or_simulate(cache, lambda: resolve_url(database_url), seed, tol, users, days,
+                                 hour_effect=hour_effect, on_stale=stale,
                                  on_simulate=lambda s, t: err.print(f"gov: simulating seed {s}, tolerance {t:g}"))
                 for tol in tolerance_list for seed in seed_list]
     except GovError as exc:
-        click.echo(f"gov: error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        click.echo(f"gov: error: {one_line(str(exc)) or type(exc).__name__}", err=True)
         sys.exit(1)
     result = cells(sims)
     out = Console() if sys.stdout.isatty() else Console(width=160)

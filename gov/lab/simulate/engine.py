@@ -368,6 +368,8 @@ class Engine:
         self.story = Story(self.users, config.seed, config.start)
         self.clock = SimClock(config.start)
         self.unsubscribed: set[int] = set()  # written by the deliver stage only
+        # of them, those whose unsubscribe shows after the end: not in the story (see _react)
+        self.unsubscribed_after_end: set[int] = set()
         self.push: list[PushHost] = []
         self.reader = _Reader()
         self.record_event = _record_event_fn()
@@ -443,7 +445,7 @@ class Engine:
                 received, accepted = host.stats()
                 self.stats.push_requests += received
                 self.stats.push_decrypted += accepted
-        self.stats.unsubscribed = len(self.unsubscribed)
+        self.stats.unsubscribed = len(self.unsubscribed - self.unsubscribed_after_end)
         self.stats.wall_s = time.perf_counter() - started
         return self.stats
 
@@ -597,6 +599,13 @@ class Engine:
         that moment and its click probability read at that local hour. The reaction is
         still drawn now, on this week's volume as of the delivery, and an unsubscribe
         takes effect at once (the teams stop sending a tick later, as without the effect).
+
+        The story ends at its end: a display after it, and its reaction, are neither
+        recorded nor counted (the dice table, the truth: the send counts, as one whose TTL
+        ran out before the browser opened), so every count of the summary, the marginal
+        measure and ``gov report fatigue --at <end>`` see the same events. An unsubscribe
+        that shows after the end still stops the teams sending to that user from the next
+        tick, as every unsubscribe does: what gov is handed is what it was before the rule.
         """
         events: list[Event] = []
         amplitude = self.config.hour_effect
@@ -615,6 +624,12 @@ class Engine:
                 hour = hour_factor(user, shown, amplitude)
                 displayed, outcome = react(self.config.seed, user_id, message_id, kind, volume, tolerance, hour)
                 e_click, e_unsub = expected(kind, volume, tolerance, hour)
+                if shown > self.config.end:  # after the story's end: not in it
+                    if outcome == "unsubscribe":
+                        self.unsubscribed.add(user.index)  # the teams stop sending, as before the rule
+                        self.unsubscribed_after_end.add(user.index)
+                    displayed, outcome = False, "ignore"
+                    e_click, e_unsub = 0.0, 0.0
             truth = self.stats.truth.setdefault((user.segment, volume), [0, 0.0, 0.0])
             truth[0] += 1
             truth[1] += e_click

@@ -12,9 +12,12 @@ is the measure ``gov report fatigue --marginal`` computes on the same database.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +30,33 @@ from gov.analytics.crossover import (
     estimate_report,
     true_crossover,
 )
+from gov.lab.simulate.story import DEFAULT_HOUR_EFFECT
 
-FORMAT = 1  # the cache files' layout; a file of another layout is simulated again
+FORMAT = 2  # the cache files' layout; a file of another layout is simulated again
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
 DEFAULT_TOLERANCES = (0.75, 1.0, 1.5)
+
+#: What makes a simulation's data, besides its settings: the simulator, the parts of gov
+#: it drives, the SQL, the default policy. A change to any of them (a comment too) makes
+#: every saved simulation stale: it is simulated again rather than reused.
+_PACKAGE = Path(__file__).resolve().parents[2]  # gov/
+SIMULATED_BY = ("lab/simulate/*.py", "governor.py", "message.py", "policy.py", "users.py", "default_policy.toml",
+                "hold/*.py", "delivery/*.py", "analytics/marginal.py", "analytics/events.py")
+
+
+@cache
+def code_version() -> str:
+    """A fingerprint of the code that makes a simulation's data (SIMULATED_BY and the SQL)."""
+    from gov.queries import sql_dir
+
+    digest = hashlib.sha256()
+    files = sorted({f for pattern in SIMULATED_BY for f in _PACKAGE.glob(pattern)})
+    root = sql_dir()
+    for f in [*files, *sorted(root.rglob("*.sql"))]:
+        digest.update(str(f.relative_to(_PACKAGE if f.is_relative_to(_PACKAGE) else root)).encode())
+        digest.update(b"\0")
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -41,6 +67,8 @@ class SimData:
     tolerance: float
     users: int
     days: int
+    hour_effect: float = DEFAULT_HOUR_EFFECT
+    code: str = ""  # code_version() of the code that simulated it
     # segment (OVERALL for everyone) -> [(position, sends, clicks, unsubscribes)], positions ascending
     counts: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     # (segment, position, sends, expected clicks, expected unsubscribes), from the simulator's dice
@@ -48,13 +76,14 @@ class SimData:
 
     def as_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "seed": self.seed, "tolerance": self.tolerance, "users": self.users,
-                "days": self.days, "counts": self.counts, "truth": self.truth}
+                "days": self.days, "hour_effect": self.hour_effect, "code": self.code, "counts": self.counts,
+                "truth": self.truth}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SimData:
         return cls(
             seed=int(data["seed"]), tolerance=float(data["tolerance"]), users=int(data["users"]),
-            days=int(data["days"]),
+            days=int(data["days"]), hour_effect=float(data["hour_effect"]), code=str(data["code"]),
             counts={s: [(int(p), int(n), int(c), int(u)) for p, n, c, u in rows] for s, rows in data["counts"].items()},
             truth=[(str(s), int(p), int(n), float(c), float(u)) for s, p, n, c, u in data["truth"]],
         )
@@ -72,54 +101,84 @@ class SimData:
 
 
 def parse_list(text: str, kind: type) -> tuple[Any, ...]:
-    """'1-5' or '1,2,3' (seeds) or '0.75,1,1.5' (tolerances)."""
+    """'1-5' or '1,2,3' (seeds) or '0.75,1,1.5' (tolerances); ValueError for anything else."""
     out: list[Any] = []
     for part in text.split(","):
         part = part.strip()
-        if kind is int and "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
+        span = re.fullmatch(r"(-?\d+)\s*-\s*(-?\d+)", part) if kind is int else None
+        if span is not None:
+            out.extend(range(int(span[1]), int(span[2]) + 1))
         elif part:
             out.append(kind(part))
+    if not out:
+        raise ValueError(f"{text!r}: no value")
     return tuple(out)
 
 
-def cache_path(cache: Path, seed: int, tolerance: float, users: int, days: int) -> Path:
-    return cache / f"sim-u{users}-d{days}-seed{seed}-tol{tolerance:g}.json"
+def cache_path(cache: Path, seed: int, tolerance: float, users: int, days: int,
+               hour_effect: float = DEFAULT_HOUR_EFFECT) -> Path:
+    return cache / f"sim-u{users}-d{days}-seed{seed}-tol{tolerance:g}-hour{hour_effect:g}.json"
 
 
-def simulate_data(server: str | None, seed: int, tolerance: float, users: int, days: int) -> SimData:
+def simulate_data(server: str | None, seed: int, tolerance: float, users: int, days: int,
+                  hour_effect: float = DEFAULT_HOUR_EFFECT) -> SimData:
     """Run one governed simulation and read back what the measure and the truth need."""
     from gov.analytics.marginal import marginal_counts
     from gov.lab.simulate.engine import Engine
     from gov.lab.simulate.model import SimConfig
     from gov.testing.postgres import scratch_database
 
-    config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance)
+    config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, hour_effect=hour_effect)
     with scratch_database(server, "gov_sim", durable=False) as dsn:
         stats = Engine(dsn, config, governed=True).run()
         counts = marginal_counts(dsn, since=config.end - config.start, now=config.end)
     return SimData(
-        seed=seed, tolerance=tolerance, users=users, days=days,
+        seed=seed, tolerance=tolerance, users=users, days=days, hour_effect=hour_effect, code=code_version(),
         counts={seg: [(c.position, c.sends, c.clicks, c.unsubscribes) for c in rows] for seg, rows in counts.items()},
         truth=[(seg, pos, int(n), float(c), float(u)) for (seg, pos), (n, c, u) in sorted(stats.truth.items())],
     )
 
 
+def read_saved(path: Path, seed: int, tolerance: float, users: int, days: int,
+               hour_effect: float = DEFAULT_HOUR_EFFECT) -> tuple[SimData | None, str]:
+    """The saved simulation at ``path`` if it is one of exactly these settings and this
+    code; else (None, why not): no file, not JSON, another layout, other settings (a
+    tolerance that only prints the same, another hour effect) or other code."""
+    if not path.exists():
+        return None, "not saved"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return None, "not a saved simulation of this layout"
+        sim = SimData.from_json(data)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        return None, f"not a saved simulation ({type(exc).__name__})"
+    if (sim.seed, sim.tolerance, sim.users, sim.days, sim.hour_effect) != (seed, tolerance, users, days, hour_effect):
+        return None, "saved with other settings"
+    if sim.code != code_version():
+        return None, "saved by other code"
+    return sim, ""
+
+
 def load_or_simulate(
     cache: Path, server: str | Callable[[], str] | None, seed: int, tolerance: float, users: int, days: int,
-    *, on_simulate: Callable[[int, float], None] | None = None,
+    *, hour_effect: float = DEFAULT_HOUR_EFFECT, on_simulate: Callable[[int, float], None] | None = None,
+    on_stale: Callable[[Path, str], None] | None = None,
 ) -> SimData:
-    """The saved simulation of (seed, tolerance, users, days), simulated and saved first if
-    missing (``server`` may be a callable, called only then: a saved grid starts no server)."""
-    path = cache_path(cache, seed, tolerance, users, days)
-    if path.exists():
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("format") == FORMAT:
-            return SimData.from_json(data)
+    """The saved simulation of (seed, tolerance, users, days, hour effect), simulated and
+    saved first if missing (``server`` may be a callable, called only then: a saved grid
+    starts no server). A file that is not a saved simulation of these settings and this
+    code (unreadable, truncated, of other code) is simulated again and replaced, and
+    ``on_stale`` is told which and why."""
+    path = cache_path(cache, seed, tolerance, users, days, hour_effect)
+    saved, why = read_saved(path, seed, tolerance, users, days, hour_effect)
+    if saved is not None:
+        return saved
+    if path.exists() and on_stale is not None:
+        on_stale(path, why)
     if on_simulate is not None:
         on_simulate(seed, tolerance)
-    sim = simulate_data(server() if callable(server) else server, seed, tolerance, users, days)
+    sim = simulate_data(server() if callable(server) else server, seed, tolerance, users, days, hour_effect)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(sim.as_json()), encoding="utf-8")

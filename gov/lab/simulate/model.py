@@ -4,12 +4,23 @@ the other back)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gov.lab.simulate.story import DAY, DEFAULT_HOUR_EFFECT, DEFAULT_START
 
 CURVE_TOP = 15  # the ground-truth curve groups 15 and more sends a week together
+TOLERANCE_RANGE = (0.1, 10.0)  # --tolerance and each --tolerances value (story.probabilities divides by it)
+HOUR_EFFECT_RANGE = (0.0, 0.9)  # --hour-effect: at 1 a user's worst hour would never show a notification
+
+
+def tolerance_problem(value: float) -> str | None:
+    """Why ``value`` is no tolerance (not finite, or outside TOLERANCE_RANGE), or None."""
+    low, high = TOLERANCE_RANGE
+    if not math.isfinite(value) or not low <= value <= high:
+        return f"{value!r} is not a finite number in the range {low:g}<=x<={high:g}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,17 @@ class SimConfig:
     runners: int = 2  # runner processes (gov.delivery.runner.Dispatcher)
     workers: int = 8  # concurrent HTTP requests per runner process
     push_services: int = 2  # loopback push services, each in its own process (users are spread over them)
+
+    def __post_init__(self) -> None:
+        # the CLI refuses these as usage errors; a caller of the library gets a ValueError
+        # before a database is created, not a ZeroDivisionError (or complex numbers) mid-run
+        problem = tolerance_problem(self.tolerance)
+        if problem is not None:
+            raise ValueError(f"tolerance: {problem}")
+        low, high = HOUR_EFFECT_RANGE
+        if not (math.isfinite(self.hour_effect) and low <= self.hour_effect <= high):
+            raise ValueError(f"hour_effect: {self.hour_effect!r} is not a finite number in the range "
+                             f"{low:g}<=x<={high:g}")
 
     @property
     def end(self) -> datetime:

@@ -106,6 +106,8 @@ class Summary:
     expired_by_key: tuple[tuple[str, str, int], ...] = ()  # (tier, collapse key, expired), most first
     # (tier, ttl_expired, of which a slot went to a later deadline) per tier (sim_expired_split)
     expired_split: tuple[tuple[str, int, int], ...] = ()
+    # (tier, outcome, expired, of which at the decision) per tier and outcome (sim_expired_outcomes)
+    expired_outcomes: tuple[tuple[str, str, int, int], ...] = ()
     curve: tuple[tuple[int, int, int, int], ...] = ()  # ground truth: (volume, sends, clicks, unsubscribes)
     marginal: Any = None  # gov.analytics.marginal.MarginalReport over the whole run, or None when unavailable
     # ground truth by the marginal measure's definition: (segment, position, sends,
@@ -214,6 +216,9 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         expired_split = tuple(
             (str(t), int(n), int(later)) for t, n, later in source.execute(q("sim_expired_split"), {})
         )
+        expired_outcomes = tuple(
+            (str(t), str(o), int(n), int(now)) for t, o, n, now in source.execute(q("sim_expired_outcomes"), {})
+        )
         try:
             hours = collect_hours(source, config) if events else None
         except GovError:  # gov.user_hour_estimates is not in this schema yet
@@ -245,6 +250,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         collapse_split=split,  # type: ignore[arg-type]
         expired_by_key=expired_keys,
         expired_split=expired_split,
+        expired_outcomes=expired_outcomes,
         clicks_non_p0=int(clicks_non_p0),
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
         marginal=marginal,
@@ -319,23 +325,48 @@ def collapse_lines(s: Summary) -> list[Text]:
     return out
 
 
-def expired_lines(s: Summary) -> list[Text]:
-    """Per tier: its TTL-expired messages, split by whether a slot went to a later deadline.
+EXPIRED_WHY = {"defer_expired": "waiting would pass defer_max", "ttl_expired": "waiting would pass the TTL"}
 
-    "A slot went to a later deadline": between the message's hold and its deadline the user
-    was sent, in the message's own budget, a message of another group whose own deadline was
-    later (sql/queries_simulate.sql, sim_expired_split). Earliest deadline first makes it 0.
+
+def expired_lines(s: Summary) -> list[Text]:
+    """Per tier: the per-tier table's "expired", the held messages whose wait ran out, by why.
+
+    defer_expired: waiting for a slot would pass the tier's defer_max; ttl_expired: it would
+    pass the message's TTL, split by whether a slot went to a later deadline (between the
+    message's hold and its deadline the user was sent, in the message's own budget, a
+    message of another group whose own deadline was later: sql/queries_simulate.sql,
+    sim_expired_split; earliest deadline first makes it 0). Those that expired at their
+    decision (never waited) are logged in gov.push_suppressions as drops: "Top blocking
+    rules" shows them as ``drop: defer_expired`` / ``drop: ttl_expired``.
     """
     out = []
-    for tier, expired, later in s.expired_split:
-        text = Text(f"{tier} expired (TTL): ", style="bold")
+    split = {tier: (expired, later) for tier, expired, later in s.expired_split}
+    for tier in sorted({t for t, *_ in s.expired_outcomes} | set(split)):
+        outcomes = [(o, n, now) for t, o, n, now in s.expired_outcomes if t == tier]
+        if not outcomes:  # a summary without sim_expired_outcomes: the TTL split alone
+            outcomes = [("ttl_expired", split[tier][0], 0)]
+        total = sum(n for _, n, _ in outcomes)
+        at_decision = sum(now for _, _, now in outcomes)
+        parts = []
+        later = 0
+        for outcome, n, _ in outcomes:
+            why = EXPIRED_WHY.get(outcome, outcome)
+            if outcome == "ttl_expired" and tier in split:
+                ttl, later = split[tier]
+                why += f": {ttl - later:,} no slot opened before it, {later:,} a slot went to a later deadline"
+            parts.append(f"{n:,} {outcome} ({why})")
+        text = Text(f"{tier} expired while held: ", style="bold")
+        at_once = f"; {at_decision:,} of them at their decision (\"drop: …\" in the blocking rules)"
         text.append(
-            f"{expired:,}: {expired - later:,} no slot opened before its TTL, "
-            f"{later:,} a slot went to a later deadline",
+            f"{total:,} = " + " + ".join(parts) + (at_once if at_decision else ""),
             style="green" if later == 0 else "red",
         )
         out.append(text)
     return out
+
+
+BLOCKING_NOTE = ("drop: defer_expired / drop: ttl_expired: held and expired at the decision (its wait would pass "
+                 "defer_max / its TTL); logged as drops, counted under \"expired\" in the per-tier table")
 
 
 def engagement_text(s: Summary) -> str:
@@ -362,6 +393,8 @@ def render(s: Summary) -> RenderableType:
     if not s.blocking:
         rules.add_row("(none)", "", "", "0")
     parts.append(rules)
+    if any(":" in action for _, _, action, _ in s.blocking):
+        parts.append(Text(BLOCKING_NOTE, style="dim"))
     median, p90, top = s.weekly
     parts.append(Text.assemble(
         (f"Sends per user {s.rate_name}: ", "bold"),
@@ -837,6 +870,7 @@ def _run_context(s: Summary) -> dict[str, Any]:
             {"text": line.plain, "ok": line.style == "green"} for line in [*collapse_lines(s), *expired_lines(s)]
         ],
         "blocking": [(r, t, a, f"{n:,}") for r, t, a, n in s.blocking],
+        "blocking_note": BLOCKING_NOTE if any(":" in a for _, _, a, _ in s.blocking) else None,
         "sends": f"Sends per user {s.rate_name}: median {median:.1f}, p90 {p90:.1f}, max {top:.1f}. "
                  f"{s.unsubscribed:,} users unsubscribed. The push service received {s.push_requests:,} requests "
                  f"and verified, decrypted and accepted {s.push_decrypted:,}.",
