@@ -23,6 +23,7 @@ from gov.errors import (
 )
 
 if TYPE_CHECKING:
+    from gov.analytics.events import InvalidEvent
     from gov.delivery.vapid import VapidSigner
     from gov.governor import Governor, SendResult, send
     from gov.message import Decision, Message
@@ -36,6 +37,7 @@ _LAZY = {
     "Decision": "gov.message",
     "Message": "gov.message",
     "VapidSigner": "gov.delivery.vapid",
+    "InvalidEvent": "gov.analytics.events",  # the README names it gov.InvalidEvent
 }
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "GovError",
     "Governor",
     "GovernorClosed",
+    "InvalidEvent",
     "InvalidInput",
     "InvalidMessage",
     "InvalidSubscription",

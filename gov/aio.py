@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
 from gov.db import AsyncSource, Source
-from gov.errors import ConfigurationError, ConnectionLost, InvalidInput, PoolTimeout
+from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, InvalidInput, PoolTimeout
 from gov.governor import (
     ENV_ALLOW_LOOPBACK_HTTP,
     SendResult,
@@ -259,26 +258,19 @@ class AsyncGovernor:
         self, user_id: str, message_id: str, event: str, subscription_id: int | None = None,
         at: datetime | None = None,
     ) -> bool:
-        """:func:`gov.analytics.events.record_event`, awaited: True when recorded now."""
-        from gov.analytics.events import REFUSED_SQLSTATE, InvalidEvent, check_event
+        """:func:`gov.analytics.events.record_event`, awaited: True when recorded now (the
+        same checks, and sent again on a fresh connection when gov owns a lost one, as the
+        sync :meth:`gov.Governor.record_event`)."""
+        from gov.analytics.events import InvalidEvent, check_event
 
         check_event(user_id, message_id, event, subscription_id)
         params = {"user_id": user_id, "message_id": message_id, "event": event,
-                  "subscription_id": subscription_id, "at": at}
-        try:
-            async with self.source.connection() as conn:
-                try:
-                    cur = conn.cursor(row_factory=tuple_row)  # the caller's connection may make dicts
-                    await cur.execute(q("record_event"), params)
-                    row = await cur.fetchone()
-                except psycopg.Error as exc:
-                    if exc.sqlstate == REFUSED_SQLSTATE and exc.diag.message_primary:
-                        raise InvalidEvent(exc.diag.message_primary) from exc
-                    raise
-        except InvalidEvent:
-            raise
-        assert row is not None
-        return bool(row[0])
+                  "subscription_id": subscription_id, "at": moment(at) if at is not None else None}
+        try:  # safe to repeat: an event is recorded once (its key)
+            ((recorded,),) = await self.source.execute(q("record_event"), params)
+        except InvalidInput as exc:  # gov.record_event_v1's refusal (GV003)
+            raise InvalidEvent(str(exc)) from exc
+        return bool(recorded)
 
     async def subscribe(self, user_id: str, subscription: str | bytes | Mapping[str, Any]) -> int:
         """:meth:`gov.Governor.subscribe`, awaited: validated, every address checked public."""
@@ -427,6 +419,13 @@ class SendBatcher:
                 results = await self.governor.send_batch([m for m, _ in live])
             except Exception as exc:  # e.g. the database is down: every send of the batch hears it
                 results = [exc] * len(live)
+            except asyncio.CancelledError:  # closed mid-batch: its callers must not wait for ever
+                for _, future in live:
+                    if not future.done():
+                        future.set_exception(DatabaseError(
+                            "gov serve is shutting down during this send's batch: its verdict may or may not be"
+                            " committed; send the same id again for it"))
+                raise
             finally:
                 self._running -= 1
                 if not self._running:
@@ -457,6 +456,9 @@ class SendBatcher:
         outbox for ``gov dispatch``, but a row they claimed would wait out its lease)."""
         if self._deliveries:
             await asyncio.wait(set(self._deliveries), timeout=self.governor.delivery_timeout_s + 5)
+        if self._running:  # the batches under way end and answer first (one may wait on a lock: bounded)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.governor.source.pool_timeout)
         for task in self._workers:
             task.cancel()
         for task in self._workers:

@@ -45,6 +45,7 @@ from gov.errors import (
     InvalidMessage,
     PolicyError,
     PoolTimeout,
+    one_line,
 )
 
 log = logging.getLogger("gov.db")
@@ -63,23 +64,41 @@ _DOMAIN_ERRORS: dict[str, type[Exception]] = {
 
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
-    """The one place driver errors become the package's own exceptions."""
+    """The one place driver errors become the package's own exceptions: psycopg's, and
+    SQLAlchemy's wrappers of them (an engine's connect and its pool raise its own)."""
     try:
         yield
     except psycopg.Error as exc:
-        if _is_pool_timeout(exc):
-            raise PoolTimeout(f"no database connection free within the pool timeout: {exc}") from exc
-        diag = getattr(exc, "diag", None)
-        sqlstate = getattr(exc, "sqlstate", None)
-        primary = diag.message_primary if diag is not None and diag.message_primary else str(exc)
-        domain = _DOMAIN_ERRORS.get(sqlstate or "")
-        if domain is not None:
-            raise domain(primary) from exc
-        if _is_connection_loss(exc):
-            # (psycopg's own text says whether it never connected: "connection failed: …")
-            what = "database" if primary.startswith("connection failed") else "database connection lost:"
-            raise ConnectionLost(f"{what} {primary}".strip()) from exc
-        raise DatabaseError(f"{type(exc).__name__}: {primary}".strip()) from exc
+        raise _translated(exc) from exc
+    except Exception as exc:
+        sa_exc = sys.modules.get("sqlalchemy.exc")
+        if sa_exc is None:
+            raise
+        if isinstance(exc, sa_exc.DBAPIError) and isinstance(exc.orig, psycopg.Error):
+            raise _translated(exc.orig) from exc
+        if isinstance(exc, sa_exc.TimeoutError):  # an engine's pool: every connection in use
+            raise PoolTimeout(f"no database connection free within the pool timeout: {one_line(str(exc))}") from exc
+        raise
+
+
+def _translated(exc: psycopg.Error) -> Exception:
+    if _is_pool_timeout(exc):
+        return PoolTimeout(f"no database connection free within the pool timeout: {one_line(str(exc))}")
+    pool = sys.modules.get("psycopg_pool")
+    if pool is not None and isinstance(exc, pool.PoolClosed):
+        # the caller closed the pool it gave gov: nothing to retry (it was retried as lost)
+        return GovernorClosed(f"the connection pool gov was given is closed: {one_line(str(exc))}")
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None)
+    primary = one_line(diag.message_primary if diag is not None and diag.message_primary else str(exc))
+    domain = _DOMAIN_ERRORS.get(sqlstate or "")
+    if domain is not None:
+        return domain(primary)
+    if _is_connection_loss(exc):
+        # (psycopg's own text says whether it never connected: "connection failed: …")
+        what = "database" if primary.startswith("connection failed") else "database connection lost:"
+        return ConnectionLost(f"{what} {primary}".strip())
+    return DatabaseError(f"{type(exc).__name__}: {primary}".strip())
 
 
 def _checked_pool(pool_size: Any, pool_timeout: Any) -> float:

@@ -1067,6 +1067,45 @@ MUTANTS = [
         ("tests/unit/test_simulate_hours.py::"
          "test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted",),
     ),
+    Mutant(
+        "ae1_engine_timeout_untranslated",
+        "an engine's full pool reaches the caller as sqlalchemy.exc.TimeoutError",
+        (("gov/db.py", "        if isinstance(exc, sa_exc.TimeoutError):", "        if False:", 1),),
+        ("tests/integration/test_aio_edges.py::test_an_engines_full_pool_is_gov_pool_timeout",),
+    ),
+    Mutant(
+        "ae2_engine_connect_untranslated",
+        "an async engine's failed connect reaches the caller as SQLAlchemy's error, never retried",
+        (("gov/db.py", "        if isinstance(exc, sa_exc.DBAPIError) and isinstance(exc.orig, psycopg.Error):",
+          "        if False:", 1),),
+        ("tests/integration/test_aio_edges.py::test_an_async_engine_that_cannot_connect_raises_gov_s_error_and_is_retried",),
+    ),
+    Mutant(
+        "ae3_async_event_moment_unchecked",
+        "AsyncGovernor.record_event hands at='yesterday' to PostgreSQL to parse",
+        (("gov/aio.py", '"at": moment(at) if at is not None else None}', '"at": at}', 1),),
+        ("tests/integration/test_aio_edges.py::test_the_async_record_event_checks_its_moment_and_survives_a_dropped_connection",),
+    ),
+    Mutant(
+        "ae4_closed_pool_retried",
+        "a pool its owner closed is retried as a lost connection for the whole pool timeout",
+        (("gov/db.py", "    if pool is not None and isinstance(exc, pool.PoolClosed):", "    if False:", 1),),
+        ("tests/integration/test_aio_edges.py::test_a_pool_its_owner_closed_is_not_a_lost_connection",),
+    ),
+    Mutant(
+        "ae5_batch_cancelled_silently",
+        "a batcher closed mid-batch leaves that batch's callers waiting for ever",
+        (("gov/aio.py", "            except asyncio.CancelledError:  # closed mid-batch",
+          "            except ZeroDivisionError:  # closed mid-batch", 1),),
+        ("tests/integration/test_aio_edges.py::test_a_batcher_closed_mid_batch_answers_its_callers",),
+    ),
+    Mutant(
+        "ae6_close_cancels_running_batches",
+        "closing the batcher cancels the batches under way instead of letting them answer",
+        (("gov/aio.py", "        if self._running:  # the batches under way end",
+          "        if False:  # the batches under way end", 1),),
+        ("tests/integration/test_aio_edges.py::test_a_batcher_closed_mid_batch_answers_its_callers",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
