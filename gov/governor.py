@@ -310,6 +310,10 @@ def moment(at: Any) -> datetime:
     else went to the database as text and was read there: "infinity", "yesterday"."""
     if not isinstance(at, datetime):
         raise TypeError(f"at: expected a datetime, got {type(at).__name__}")
+    if at.tzinfo is None or at.utcoffset() is None:
+        # PostgreSQL would read it in the session's time zone: one naive 12:00 was stored
+        # as 12:00 UTC on one connection and 22:00 the day before on another
+        raise TypeError(f"at: expected a timezone-aware datetime (e.g. tzinfo=UTC), got naive {at.isoformat()}")
     return at
 
 

@@ -1106,6 +1106,12 @@ MUTANTS = [
           "        if False:  # the batches under way end", 1),),
         ("tests/integration/test_aio_edges.py::test_a_batcher_closed_mid_batch_answers_its_callers",),
     ),
+    Mutant(
+        "ai4_naive_moment_accepted",
+        "at= takes a naive datetime, which PostgreSQL reads in the session's time zone",
+        (("gov/governor.py", "    if at.tzinfo is None or at.utcoffset() is None:", "    if False:", 1),),
+        ("tests/integration/test_api_inputs.py::test_a_moment_that_is_not_a_datetime_is_refused",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
