@@ -154,11 +154,15 @@ LANGUAGE sql STABLE AS $$
       FROM gov.compiled_rules r
 $$;
 
--- After a policy caps a budget that was not written before (p_before: gov.capped_budgets()
--- under the previous policy), give every allowed message decided within the longest
--- window before p_now the rows of such budgets it would have spent, from gov.messages:
--- the new cap then counts the sends gov remembers instead of starting from nothing.
--- Budgets written before are left as they are. Returns the rows written.
+-- After a policy change, give every allowed message decided within the longest window
+-- before p_now the rows it would have spent and has not, from gov.messages: a budget the
+-- policy caps that was not written before then counts the sends gov remembers instead of
+-- starting from nothing, and a budget whose window grew counts again what `gov prune`
+-- deleted under the shorter one (an outside probe: a 30-day cap of 3 allowed a 4th send
+-- after a prune). A message that already has its row in a budget (one released later
+-- holds it at its release) is left as it is. p_before (gov.capped_budgets() under the
+-- previous policy) once limited this to new budgets; the signature keeps it, unread.
+-- Returns the rows written.
 CREATE FUNCTION gov.backfill_sends_v1(p_before text[], p_now timestamptz DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -176,8 +180,8 @@ BEGIN
       FROM gov.messages m
      CROSS JOIN LATERAL unnest(gov.budgets_of(v_map, m.tier, m.topic)) AS b(budget)
      WHERE m.allowed AND m.decided_at > v_now - v_longest * interval '1 millisecond' AND m.decided_at <= v_now
-       AND NOT b.budget = ANY (p_before)
-       AND NOT (b.budget LIKE 'topic:%' AND 'topic:*' = ANY (p_before))
+       AND NOT EXISTS (SELECT 1 FROM gov.sends s
+                        WHERE s.user_id = m.user_id AND s.budget = b.budget AND s.message_id = m.message_id)
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;

@@ -218,3 +218,44 @@ def test_campaign_on_n_connections_decides_each_user_once_with_one_connections_v
     decided = conn.execute("SELECT count(*), count(DISTINCT user_id) FROM gov.messages "
                            "WHERE message_id = 'sale' AND user_id LIKE 'b%%'").fetchone()
     assert decided == (90, 90)
+
+
+def test_a_window_made_longer_after_a_prune_counts_the_sends_it_covers(
+    governor: Governor, conn: psycopg.Connection[Any]
+) -> None:
+    """An outside probe: P2 sends 20, 19 and 18 days ago, `gov prune` (the longest window
+    was 7 days: their rows went), then a policy with a 30-day cap of 3 on P2 allowed a 4th."""
+    from gov.ops.maintenance import prune
+
+    now = datetime.now(UTC)
+    for k, days in enumerate((20, 19, 18)):
+        assert governor.decide(Message(user_id="u", id=f"m{k}", tier="P2"), at=now - timedelta(days=days)).allowed
+    assert prune(governor.source, margin=timedelta(hours=1)).sends == 6  # P1 and P2 rows of each
+    longer = policy_mod.default_policy_text().replace(
+        'windows = [{ window = "24h", cap = 2 }, { window = "7d", cap = 5 }]',
+        'windows = [{ window = "24h", cap = 2 }, { window = "7d", cap = 5 }, { window = "30d", cap = 3 }]')
+    apply_policy(conn, longer)
+    blocked = governor.decide(Message(user_id="u", id="m3", tier="P2"))
+    assert (blocked.allowed, blocked.reason, blocked.used) == (False, "cap_2592000000ms", 3)
+
+
+def test_a_policy_change_gives_no_message_a_second_row_in_a_budget(
+    governor: Governor, conn: psycopg.Connection[Any]
+) -> None:
+    """A deferred P1 released later holds its row at its release: the fill after a policy
+    change must not add one at its decision too (it would count twice)."""
+    from gov.hold.release import Releaser
+
+    start = datetime.now(UTC) - timedelta(days=2)
+    for k in range(6):  # P1: 6 a day
+        sent = governor.send(Message(user_id="u", id=f"m{k}", tier="P1", title="t"), at=start + timedelta(minutes=k))
+        assert sent.decision.allowed
+    held = governor.send(Message(user_id="u", id="m6", tier="P1", title="t"), at=start + timedelta(hours=20))
+    assert held.decision.action == "defer"  # its slot frees 4 hours later, within defer_max
+    releaser = Releaser(governor.source, clock=lambda: start + timedelta(hours=24, minutes=10))
+    assert releaser.run_once().outcomes["released"] == 1
+    rows = dict(conn.execute("SELECT message_id, count(*) FROM gov.sends WHERE budget = 'P1' GROUP BY 1").fetchall())
+    assert rows == {f"m{k}": 1 for k in range(7)}
+    apply_policy(conn, policy_mod.default_policy_text() + '\n[global]\nwindows = [{ window = "7d", cap = 30 }]\n')
+    rows = dict(conn.execute("SELECT message_id, count(*) FROM gov.sends WHERE budget = 'P1' GROUP BY 1").fetchall())
+    assert rows == {f"m{k}": 1 for k in range(7)}

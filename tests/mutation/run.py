@@ -52,6 +52,10 @@ INF_TOGETHER = ("    IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.m
 CONTENT_OK = "    SELECT coalesce(jsonb_typeof(p_content)"
 CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
 NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
+BACKFILL_NEW_ONLY = "\n       AND NOT b.budget = ANY (p_before)\n       AND NOT EXISTS (SELECT 1 FROM gov.sends s\n"
+BACKFILL_OWN = "s.budget = b.budget AND s.message_id = m.message_id)"
+BACKFILL_OWN_OFF = "s.budget = b.budget AND s.message_id = m.message_id AND false)"
+BACKFILL_ROWS = "\n       AND NOT EXISTS (SELECT 1 FROM gov.sends s\n"
 PRUNE_GUARD = "    IF p_margin IS NULL OR p_margin < interval '0' OR"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
@@ -1111,6 +1115,20 @@ MUTANTS = [
         "at= takes a naive datetime, which PostgreSQL reads in the session's time zone",
         (("gov/governor.py", "    if at.tzinfo is None or at.utcoffset() is None:", "    if False:", 1),),
         ("tests/integration/test_api_inputs.py::test_a_moment_that_is_not_a_datetime_is_refused",),
+    ),
+    Mutant(
+        "bf1_backfill_new_budgets_only",
+        "a policy change fills only budgets no cap read before: a longer window forgets what a prune deleted",
+        (("sql/migrations/0045_backfill_every_budget.sql", BACKFILL_ROWS, BACKFILL_NEW_ONLY, 1),
+         ("sql/schema/10_policy.sql", BACKFILL_ROWS, BACKFILL_NEW_ONLY, 1)),
+        ("tests/integration/test_lean_decision.py::test_a_window_made_longer_after_a_prune_counts_the_sends_it_covers",),
+    ),
+    Mutant(
+        "bf2_backfill_twice",
+        "a policy change gives a message released later a second row in its budget",
+        (("sql/migrations/0045_backfill_every_budget.sql", BACKFILL_OWN, BACKFILL_OWN_OFF, 1),
+         ("sql/schema/10_policy.sql", BACKFILL_OWN, BACKFILL_OWN_OFF, 1)),
+        ("tests/integration/test_lean_decision.py::test_a_policy_change_gives_no_message_a_second_row_in_a_budget",),
     ),
 ]
 
