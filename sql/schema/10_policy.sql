@@ -159,9 +159,9 @@ $$;
 -- policy caps that was not written before then counts the sends gov remembers instead of
 -- starting from nothing, and a budget whose window grew counts again what `gov prune`
 -- deleted under the shorter one (an outside probe: a 30-day cap of 3 allowed a 4th send
--- after a prune). A message that already has its row in a budget (one released later
--- holds it at its release) is left as it is. p_before (gov.capped_budgets() under the
--- previous policy) once limited this to new budgets; the signature keeps it, unread.
+-- after a prune). A message that has its row in a budget keeps that one. p_before
+-- (gov.capped_budgets() under the previous policy) once limited this to new budgets; the
+-- signature keeps it, unread.
 -- Returns the rows written.
 CREATE FUNCTION gov.backfill_sends_v1(p_before text[], p_now timestamptz DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -180,9 +180,7 @@ BEGIN
       FROM gov.messages m
      CROSS JOIN LATERAL unnest(gov.budgets_of(v_map, m.tier, m.topic)) AS b(budget)
      WHERE m.allowed AND m.decided_at > v_now - v_longest * interval '1 millisecond' AND m.decided_at <= v_now
-       AND NOT EXISTS (SELECT 1 FROM gov.sends s
-                        WHERE s.user_id = m.user_id AND s.budget = b.budget AND s.message_id = m.message_id)
-    ON CONFLICT DO NOTHING;
+    ON CONFLICT DO NOTHING;  -- a row is at the decision, or at the release, which moved decided_at there
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END;

@@ -52,10 +52,9 @@ INF_TOGETHER = ("    IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.m
 CONTENT_OK = "    SELECT coalesce(jsonb_typeof(p_content)"
 CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
 NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
-BACKFILL_NEW_ONLY = "\n       AND NOT b.budget = ANY (p_before)\n       AND NOT EXISTS (SELECT 1 FROM gov.sends s\n"
-BACKFILL_OWN = "s.budget = b.budget AND s.message_id = m.message_id)"
-BACKFILL_OWN_OFF = "s.budget = b.budget AND s.message_id = m.message_id AND false)"
-BACKFILL_ROWS = "\n       AND NOT EXISTS (SELECT 1 FROM gov.sends s\n"
+BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
+BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
+BACKFILL_OWN_OFF = "AND m.decided_at <= v_now\n    ;"
 PRUNE_GUARD = "    IF p_margin IS NULL OR p_margin < interval '0' OR"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
@@ -1125,9 +1124,9 @@ MUTANTS = [
     ),
     Mutant(
         "bf2_backfill_twice",
-        "a policy change gives a message released later a second row in its budget",
-        (("sql/migrations/0045_backfill_every_budget.sql", BACKFILL_OWN, BACKFILL_OWN_OFF, 1),
-         ("sql/schema/10_policy.sql", BACKFILL_OWN, BACKFILL_OWN_OFF, 1)),
+        "a policy change writes a row a message already has (its decision's or its release's)",
+        (("sql/migrations/0045_backfill_every_budget.sql", BACKFILL_ROWS, BACKFILL_OWN_OFF, 1),
+         ("sql/schema/10_policy.sql", BACKFILL_ROWS, BACKFILL_OWN_OFF, 1)),
         ("tests/integration/test_lean_decision.py::test_a_policy_change_gives_no_message_a_second_row_in_a_budget",),
     ),
 ]
