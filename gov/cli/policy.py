@@ -84,7 +84,8 @@ def whatif(file: Path, since: str, at: str | None, as_json: bool, database_url: 
     total = result.total
     console.print(
         f"Replayed {total.messages} decision(s) of the last {since} under {name}: allowed {total.allowed} → "
-        f"{total.would_allow}, {total.extra_suppressed} extra suppression(s), {total.freed} freed. Nothing changed."
+        f"{total.would_allow}, {total.extra_suppressed} extra suppression(s), {total.freed} freed"
+        " (a replay: nothing was written)."
     )
     console.print(
         "History before the window: every allowed message in gov.messages spends the budgets FILE has it "

@@ -900,14 +900,19 @@ DECLARE
     v_verdict  record;
 BEGIN
     v_from := v_now - p_since;
-    SELECT array_agg(m.user_id ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.message_id ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.tier ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.topic ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.campaign_id ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.decided_at ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.allowed ORDER BY m.decided_at, m.user_id, m.message_id),
-           array_agg(m.reason ORDER BY m.decided_at, m.user_id, m.message_id)
+    -- In decision order. A user's messages decided at one instant (a campaign's, or a held
+    -- one released by gov.release_owed just before the new one) replay the allowed ones
+    -- first: refusals spend nothing, so that is an order they could have been decided in,
+    -- and the live policy then replays to exactly what happened (by message id alone, a
+    -- later id allowed for an earlier one refused read as a change: an outside probe).
+    SELECT array_agg(m.user_id ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.message_id ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.tier ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.topic ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.campaign_id ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.decided_at ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.allowed ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id),
+           array_agg(m.reason ORDER BY m.decided_at, m.user_id, m.allowed DESC, m.message_id)
       INTO v_users, v_ids, v_tiers, v_topics, v_camps, v_at, v_allowed, v_reasons
       FROM gov.messages m
      WHERE m.decided_at > v_from AND m.decided_at <= v_now;

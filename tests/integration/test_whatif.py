@@ -94,6 +94,22 @@ def test_the_same_policy_replays_every_recorded_verdict(governor: Governor, conn
     assert snapshot(conn) == before
 
 
+def test_messages_decided_at_one_instant_replay_as_they_were_decided(
+    governor: Governor, conn: psycopg.Connection[Any]
+) -> None:
+    """An outside probe: three P2 sends at one --at, c-first and b-second allowed and
+    a-third dropped; by message id the replay allowed a-third and suppressed c-first."""
+    at = T - timedelta(hours=1)
+    for mid in ("c-first", "b-second", "a-third"):
+        governor.decide(Message(user_id="tie", id=mid, tier="P2"), at=at)
+    same = policy.default_policy_text()
+    result = whatif(governor, policy.parse_policy(same), same, now=T)
+    assert rows(result, "total") == {None: (3, 2, 2, 0, 0)}
+    replayed = conn.execute("SELECT message_id, was_allowed, would_allow FROM gov.whatif_v1(interval '7 days', %s)",
+                            (T,)).fetchall()
+    assert sorted(replayed) == [("a-third", False, False), ("b-second", True, True), ("c-first", True, True)]
+
+
 def test_a_looser_policy_frees_suppressions(governor: Governor, conn: psycopg.Connection[Any]) -> None:
     seed(governor, conn)
     looser = policy.default_policy_text().replace('{ window = "24h", cap = 2 }', '{ window = "24h", cap = 3 }')
@@ -128,7 +144,7 @@ def test_cli_prints_the_replay_and_changes_nothing(
     assert table.exit_code == 0, table.output
     # the text wraps where the temporary directory's name ends: read it as words
     words = " ".join(table.stdout.split())
-    assert "3 extra suppression(s)" in words and "Nothing changed" in words
+    assert "3 extra suppression(s)" in words and "nothing was written" in words
     assert "spring" in table.stdout and "news" in table.stdout
     broken = tmp_path / "broken.toml"
     broken.write_text("[tiers.P2]\non_exceed = \"maybe\"\n")

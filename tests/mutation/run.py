@@ -1129,6 +1129,14 @@ MUTANTS = [
          ("sql/schema/10_policy.sql", BACKFILL_ROWS, BACKFILL_OWN_OFF, 1)),
         ("tests/integration/test_lean_decision.py::test_a_policy_change_gives_no_message_a_second_row_in_a_budget",),
     ),
+    Mutant(
+        "wi1_ties_by_message_id",
+        "gov.whatif_v1 replays messages decided at one instant by message id, not allowed first",
+        (("sql/migrations/0045_backfill_every_budget.sql", "m.user_id, m.allowed DESC, m.message_id)",
+          "m.user_id, m.message_id)", 8),
+         ("sql/schema/50_analytics.sql", "m.user_id, m.allowed DESC, m.message_id)", "m.user_id, m.message_id)", 8)),
+        ("tests/integration/test_whatif.py::test_messages_decided_at_one_instant_replay_as_they_were_decided",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
