@@ -593,6 +593,21 @@ class Retired:
     queued: int
 
 
+@dataclass(frozen=True)
+class OrphanedCaps:
+    """Users' own caps over a window the new policy has no default for (a user cap only
+    lowers a default, so the decision would ignore them): how many users, one named."""
+
+    scope: str
+    window_ms: int
+    users: int
+    example: str
+
+    def describe(self) -> str:
+        return (f"{self.scope} over {format_duration(self.window_ms)}: {self.users} user(s)"
+                f" (e.g. {self.example!r})")
+
+
 def apply(
     conn: psycopg.Connection[Any],
     policy: Policy,
@@ -601,13 +616,18 @@ def apply(
     name: str = "policy",
     drop_held: bool = False,
     backfill: bool = True,
-) -> list[Retired]:
+    drop_user_caps: bool = False,
+) -> list[Retired | OrphanedCaps]:
     """Replace the stored policy with ``policy`` in the caller's transaction.
 
     A policy that removes a tier while messages of it are held or queued for delivery
     is refused (:class:`~gov.errors.PolicyError`, ``name:line: reason``) unless
     ``drop_held``: they then end dropped with reason ``tier_removed``, logged like any
     suppression. Returns what was (or would have been) retired, per removed tier.
+
+    A policy that takes away the window a user's own cap lowers is refused likewise
+    (that cap would silently stop holding, and come back with the window) unless
+    ``drop_user_caps``: those caps are then deleted, and returned as :class:`OrphanedCaps`.
 
     The policy is then compiled for the decision (``gov.compile_policy_v1``). A decision
     writes send rows only for budgets some cap reads; with ``backfill``, a budget the new
@@ -618,17 +638,18 @@ def apply(
     before = _one(conn, "capped_budgets")
     stored = {row[0] for row in conn.execute(q("policy_tiers")).fetchall()}
     removed = sorted(stored - set(policy.tiers))
-    retired: list[Retired] = []
+    retired: list[Retired | OrphanedCaps] = []
     if removed:
         rows = conn.execute(q("retire_tiers"), {"tiers": removed, "drop": drop_held}).fetchall()
-        retired = [Retired(tier, held, queued) for tier, held, queued in rows if held or queued]
-        if retired and not drop_held:
-            what = "; ".join(f"{r.tier}: {r.held} held, {r.queued} queued for delivery" for r in retired)
+        tiers = [Retired(tier, held, queued) for tier, held, queued in rows if held or queued]
+        if tiers and not drop_held:
+            what = "; ".join(f"{r.tier}: {r.held} held, {r.queued} queued for delivery" for r in tiers)
             line = _Locator(source).first("tiers")
             raise PolicyError(
-                f"{name}:{line}: the policy removes tier(s) {', '.join(r.tier for r in retired)} while messages "
+                f"{name}:{line}: the policy removes tier(s) {', '.join(r.tier for r in tiers)} while messages "
                 f"of them wait ({what}); apply with --drop-held to drop them (reason tier_removed)"
             )
+        retired.extend(tiers)
     conn.execute(q("clear_segment_caps"))
     conn.execute(q("clear_caps"))
     conn.execute(q("clear_consumes"))
@@ -690,6 +711,19 @@ def apply(
             "timing_explore": policy.timing_explore,
         },
     )
+    # (the new caps are in the tables now: gov.user_cap_ceiling reads them)
+    orphans = [OrphanedCaps(scope, int(window_ms), int(users), str(example))
+               for scope, window_ms, users, example in conn.execute(q("orphaned_user_caps")).fetchall()]
+    if orphans and not drop_user_caps:
+        what = "; ".join(o.describe() for o in orphans)
+        raise PolicyError(
+            f"{name}:{_Locator(source).first('tiers')}: the policy takes away the window(s) users' own caps lower"
+            f" ({what}): those caps would stop holding; keep the window, or apply with --drop-user-caps to"
+            " remove them"
+        )
+    if orphans:
+        conn.execute(q("drop_orphaned_user_caps"))
+        retired.extend(orphans)
     conn.execute(q("record_policy_version"), {"source": source})
     conn.execute(q("compile_policy"))
     if backfill:

@@ -79,3 +79,16 @@ SELECT gov.compile_policy_v1();
 
 -- name: backfill_sends
 SELECT gov.backfill_sends_v1(%(before)s);
+
+-- name: orphaned_user_caps
+-- Users' own caps over a window the policy now in the tables has no default for: the
+-- decision would ignore them (a user cap only lowers a default). Per (scope, window):
+-- how many users, and one of them to name.
+SELECT uc.scope, uc.window_ms, count(DISTINCT uc.user_id) AS users, min(uc.user_id) AS example
+  FROM gov.user_caps uc
+ WHERE gov.user_cap_ceiling(uc.scope, uc.window_ms) IS NULL
+ GROUP BY uc.scope, uc.window_ms
+ ORDER BY uc.scope, uc.window_ms;
+
+-- name: drop_orphaned_user_caps
+DELETE FROM gov.user_caps uc WHERE gov.user_cap_ceiling(uc.scope, uc.window_ms) IS NULL;

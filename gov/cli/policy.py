@@ -32,8 +32,10 @@ def policy_show(database_url: str | None) -> None:
 @option("--dry-run", is_flag=True, help="Print the diff only; change nothing.")
 @option("--drop-held", is_flag=True,
         help="If the policy removes a tier whose messages are held or queued, drop them (reason tier_removed).")
+@option("--drop-user-caps", is_flag=True,
+        help="If the policy takes away a window users' own caps lower, remove those caps (else it is refused).")
 @url_option
-def policy_apply(file: Path, dry_run: bool, drop_held: bool, database_url: str | None) -> None:
+def policy_apply(file: Path, dry_run: bool, drop_held: bool, drop_user_caps: bool, database_url: str | None) -> None:
     """Load a TOML policy FILE, print its diff against the stored one, and store it."""
     from gov import policy
 
@@ -44,13 +46,16 @@ def policy_apply(file: Path, dry_run: bool, drop_held: bool, database_url: str |
     with connect(database_url) as conn:
         delta = policy.diff(policy.load_stored(conn), new)
         click.echo(delta or "# no change\n", nl=False)
-        retired = policy.apply(conn, new, text, name=name, drop_held=drop_held)
+        retired = policy.apply(conn, new, text, name=name, drop_held=drop_held, drop_user_caps=drop_user_caps)
         if dry_run:
             conn.rollback()
             click.echo("gov: dry run, nothing applied", err=True)
             return
     for r in retired:
-        click.echo(f"gov: tier {r.tier} removed: {r.held} held and {r.queued} queued message(s) dropped", err=True)
+        if isinstance(r, policy.OrphanedCaps):
+            click.echo(f"gov: users' own caps removed: {r.describe()}", err=True)
+        else:
+            click.echo(f"gov: tier {r.tier} removed: {r.held} held and {r.queued} queued message(s) dropped", err=True)
     click.echo("gov: policy applied", err=True)
 
 

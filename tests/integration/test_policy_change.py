@@ -100,3 +100,24 @@ def test_a_default_lowered_under_a_users_own_cap_holds_that_user_too(
     assert [v.allowed for v in verdicts] == [True, True, False, False]
     assert verdicts[2].reason == "cap_86400000ms"
     assert [v.allowed for v in other] == [True, True, False]
+
+
+def test_a_policy_that_takes_away_the_window_a_users_cap_lowers_is_refused(
+    db_url: str, conn: psycopg.Connection[Any], clock: Clock
+) -> None:
+    """An outside probe: a user's "no marketing a day" (P2:24h=0) stopped holding without a
+    word once a policy kept only P2's 7-day window, and came back with the window."""
+    set_user_cap(conn, "quiet-one", "P2", 86_400_000, 0)
+    text = policy_mod.default_policy_text().replace(
+        'windows = [{ window = "24h", cap = 2 }, { window = "7d", cap = 5 }]', 'windows = [{ window = "7d", cap = 5 }]')
+    assert text != policy_mod.default_policy_text()
+    with pytest.raises(PolicyError, match=r"p\.toml:\d+: .*P2 over 24h: 1 user\(s\) \(e\.g\. 'quiet-one'\).*"
+                                          r"--drop-user-caps"), conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(text, "p.toml"), text, name="p.toml")
+    with Governor(db_url, clock=clock) as g:  # nothing changed: the cap holds
+        assert not g.decide(Message(user_id="quiet-one", id="m0", tier="P2")).allowed
+    with conn.transaction():
+        done = policy_mod.apply(conn, policy_mod.parse_policy(text, "p.toml"), text, name="p.toml",
+                                drop_user_caps=True)
+    assert done == [policy_mod.OrphanedCaps("P2", 86_400_000, 1, "quiet-one")]
+    assert conn.execute("SELECT count(*) FROM gov.user_caps").fetchone() == (0,)

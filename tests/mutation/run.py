@@ -1137,6 +1137,12 @@ MUTANTS = [
          ("sql/schema/50_analytics.sql", "m.user_id, m.allowed DESC, m.message_id)", "m.user_id, m.message_id)", 8)),
         ("tests/integration/test_whatif.py::test_messages_decided_at_one_instant_replay_as_they_were_decided",),
     ),
+    Mutant(
+        "uo1_orphaned_user_caps_ignored",
+        "a policy that takes away the window a user's own cap lowers is applied, the cap silently dead",
+        (("gov/policy.py", "    if orphans and not drop_user_caps:", "    if False:", 1),),
+        ("tests/integration/test_policy_change.py::test_a_policy_that_takes_away_the_window_a_users_cap_lowers_is_refused",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
