@@ -5,7 +5,7 @@
 --   gov.prune_history_v1 likewise.
 -- * A decision at a finite far-future moment (the year 294276) wrote send rows every
 --   later window counts: gov.decide_core and gov.decide_together refuse a moment more
---   than gov.moment_ahead_limit() (31 days) ahead of the database clock, GV001; ids,
+--   than gov.moment_ahead_limit() (366 days) ahead of the database clock, GV001; ids,
 --   topics and campaigns longer than 256 characters are refused by name, GV001.
 -- * A claim with a 100-year lease or at a far-future moment stranded rows in 'sending':
 --   gov.claim_outbox_v3 refuses a lease over a day and such a moment, 22023.
@@ -24,9 +24,9 @@
 
 -- How far ahead of the database clock a moment may be: a decision's, a claim's. A
 -- window counts every send after its start, so a send row in the year 294276 would
--- spend the user's budget until then; a month keeps simulated and test clocks usable.
+-- spend the user's budget until then; a year keeps simulated and test clocks usable.
 CREATE FUNCTION gov.moment_ahead_limit() RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '31 days' $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '366 days' $$;
 
 -- The longest lease a claim may take: a dead runner's rows wait that long.
 CREATE FUNCTION gov.max_lease_ms() RETURNS bigint

@@ -117,9 +117,9 @@ $$;
 
 -- How far ahead of the database clock a moment may be: a decision's, a claim's. A
 -- window counts every send after its start, so a send row in the year 294276 would
--- spend the user's budget until then; a month keeps simulated and test clocks usable.
+-- spend the user's budget until then; a year keeps simulated and test clocks usable.
 CREATE FUNCTION gov.moment_ahead_limit() RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '31 days' $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '366 days' $$;
 
 -- The longest lease a claim may take: a dead runner's rows wait that long.
 CREATE FUNCTION gov.max_lease_ms() RETURNS bigint

@@ -478,7 +478,7 @@ def test_quiet_hours_ending_in_the_repeated_hour_end_at_its_first(
 def test_ttl_zero_is_refused_before_anything_is_recorded(gov: Governor, conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(InvalidMessage, match="ttl must be whole seconds from 1"):
         gov.send(Message(user_id="u", id="m", tier="P2", title="t", ttl=0))
-    with pytest.raises(psycopg.DatabaseError, match="ttl must be at least 1 second"):
+    with pytest.raises(psycopg.DatabaseError, match="ttl must be from 1 second to 28 days"):
         conn.execute("SELECT * FROM gov.send_v1('u', 'm', 'P2', NULL, NULL, '{\"title\": \"t\"}', NULL, 0)")
     assert conn.execute("SELECT count(*) FROM gov.messages").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM gov.sends").fetchone() == (0,)

@@ -913,8 +913,8 @@ MUTANTS = [
     Mutant(
         "ma1_no_moment_limit",
         "a decision or a claim may be dated any finite time ahead",
-        (("sql/migrations/0044_poison_inputs.sql", "SELECT interval '31 days'", "SELECT interval '300000 years'", 1),
-         ("sql/schema/20_decide.sql", "SELECT interval '31 days'", "SELECT interval '300000 years'", 1)),
+        (("sql/migrations/0044_poison_inputs.sql", "SELECT interval '366 days'", "SELECT interval '300000 years'", 1),
+         ("sql/schema/20_decide.sql", "SELECT interval '366 days'", "SELECT interval '300000 years'", 1)),
         ("tests/integration/test_hostile_moments.py::test_a_decision_far_ahead_of_the_clock_is_refused_and_writes_nothing",
          "tests/integration/test_hostile_moments.py::test_a_claim_with_a_long_lease_or_far_ahead_strands_nothing",),
     ),
