@@ -225,7 +225,9 @@ def parse_duration(value: object, what: str) -> int:
 
 def parse_clock(value: object, what: str) -> time:
     if not isinstance(value, str) or not (m := _CLOCK.match(value)):
-        raise ValueError(f"{what}: expected a local time HH:MM, got {value!r}")
+        # (TOML's own local time, 22:00 unquoted, printed as datetime.time(22, 0) before)
+        shown = f'{value:%H:%M} unquoted (write "{value:%H:%M}")' if isinstance(value, time) else repr(value)
+        raise ValueError(f"{what}: expected a local time HH:MM in quotes, got {shown}")
     return time(int(m.group(1)), int(m.group(2)))
 
 
@@ -268,6 +270,7 @@ class _Locator:
 
 def parse_policy(text: str, source: str = "policy") -> Policy:
     """Parse and validate a policy file's text; raise PolicyError("source:line: reason")."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write is not a statement
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

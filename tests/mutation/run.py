@@ -1143,6 +1143,12 @@ MUTANTS = [
         (("gov/policy.py", "    if orphans and not drop_user_caps:", "    if False:", 1),),
         ("tests/integration/test_policy_change.py::test_a_policy_that_takes_away_the_window_a_users_cap_lowers_is_refused",),
     ),
+    Mutant(
+        "pb2_byte_order_mark_refused",
+        "a policy file that starts with a byte-order mark is refused as an invalid statement",
+        (("gov/policy.py", '    text = text.removeprefix("\\ufeff")', "    text = text", 1),),
+        ("tests/unit/test_policy.py::test_a_byte_order_mark_is_not_a_statement",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -193,3 +193,16 @@ def test_a_jitter_that_would_hold_messages_past_their_deadlines_is_refused(
 def test_durations_are_ascii_digits() -> None:
     with pytest.raises(ValueError):
         parse_duration("\uff124h", "x")  # a full-width 2: int() would read it as 24h
+
+
+def test_a_byte_order_mark_is_not_a_statement() -> None:
+    # an editor that writes one made the whole file "file:1: Invalid statement"
+    text = "\ufeff" + default_policy_text()
+    assert parse_policy(text, "bom.toml") == default_policy()
+
+
+def test_an_unquoted_toml_time_is_named_as_one() -> None:
+    text = default_policy_text().replace('start = "22:00"', "start = 22:00:00")
+    with pytest.raises(PolicyError, match=r'22:00 unquoted \(write "22:00"\)') as caught:
+        parse_policy(text, "q.toml")
+    assert "datetime.time" not in str(caught.value)
