@@ -55,6 +55,7 @@ NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
 BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
 BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
 BACKFILL_OWN_OFF = "AND m.decided_at <= v_now\n    ;"
+QUIET_CROSSING = "AND ((c.at - interval '15 minutes') AT TIME ZONE p_tz) < p_local"
 PRUNE_GUARD = "    IF p_margin IS NULL OR p_margin < interval '0' OR"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
@@ -1148,6 +1149,21 @@ MUTANTS = [
         "a policy file that starts with a byte-order mark is refused as an invalid statement",
         (("gov/policy.py", '    text = text.removeprefix("\\ufeff")', "    text = text", 1),),
         ("tests/unit/test_policy.py::test_a_byte_order_mark_is_not_a_statement",),
+    ),
+    Mutant(
+        "qe1_at_time_zone_only",
+        "a quiet end the clocks skip is read as if they had not changed: an hour late",
+        (("sql/migrations/0046_quiet_end_on_clock_change.sql", "FROM generate_series(0, 8) k",
+          "FROM generate_series(0, 0) k", 1),
+         ("sql/schema/20_decide.sql", "FROM generate_series(0, 8) k", "FROM generate_series(0, 0) k", 1)),
+        ("tests/integration/test_quiet_clock_change.py::test_quiet_hours_end_when_the_clock_reads_their_end",),
+    ),
+    Mutant(
+        "qe2_any_later_reading",
+        "any instant reading past the quiet end counts, also one before a repeated hour: inside quiet hours",
+        (("sql/migrations/0046_quiet_end_on_clock_change.sql", QUIET_CROSSING, "AND true", 1),
+         ("sql/schema/20_decide.sql", QUIET_CROSSING, "AND true", 1)),
+        ("tests/integration/test_quiet_clock_change.py::test_quiet_hours_end_when_the_clock_reads_their_end",),
     ),
 ]
 
