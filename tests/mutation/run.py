@@ -44,6 +44,7 @@ SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
+LIMITS = "tests/acceptance/test_serve_limits.py::"
 INF_CORE = "    IF NOT isfinite(v_now) THEN\n        -- a send row"
 INF_CORE_OFF = "    IF false THEN\n        -- a send row"
 INF_TOGETHER = "    IF NOT isfinite(p_now) THEN  -- as gov.decide_core"
@@ -893,6 +894,61 @@ MUTANTS = [
         (("gov/delivery/runner.py", "or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)",
           "or False", 1),),
         ("tests/integration/test_delivery.py::test_refusals_while_the_origin_accepts_are_the_subscriptions_own",),
+    ),
+    Mutant(
+        "hb1_no_header_deadline_at_connect",
+        "a connection gets no header deadline when it connects: one that sends nothing is held for good",
+        (("gov/http/wire.py", "        self._deadline = self.loop.time() + self.limits.header_timeout\n",
+          "        pass\n", 1),),
+        (f"{LIMITS}test_a_connection_that_sends_nothing_is_closed",
+         f"{LIMITS}test_partial_headers_are_closed_after_the_header_timeout"),
+    ),
+    Mutant(
+        "hb2_header_deadline_from_the_last_byte",
+        "every read pushes the header deadline back: a head trickled a byte at a time is never closed",
+        (("gov/http/wire.py", "        if self._deadline is None:\n            # the first bytes",
+          "        if True:\n            # the first bytes", 1),),
+        (f"{LIMITS}test_headers_trickled_a_byte_at_a_time_are_closed_too",),
+    ),
+    Mutant(
+        "hb3_slow_body_closed_without_408",
+        "a body past its timeout is closed without the 408",
+        (("gov/http/wire.py", '            self.transport.write(_refusal(b"408 Request Timeout", _BODY_TOO_SLOW))\n',
+          "", 1),),
+        (f"{LIMITS}test_a_body_that_does_not_arrive_in_time_gets_408_and_no_traceback",),
+    ),
+    Mutant(
+        "hb4_head_bytes_not_counted_as_they_come",
+        "a head's bytes are counted only when the parser hands a whole header over (it buffers a huge one)",
+        (("gov/http/wire.py", "        if room is None or len(data) <= room:  #", "        if True:  #", 1),),
+        (f"{LIMITS}test_a_huge_header_line_is_not_buffered",),
+    ),
+    Mutant(
+        "hb5_header_count_unbounded",
+        "any number of headers is taken",
+        (("gov/http/wire.py", "if self._headers_left < 0 or self._head_bytes_left < 0:",
+          "if self._head_bytes_left < 0:", 1),),
+        (f"{LIMITS}test_too_many_headers_is_a_431",),
+    ),
+    Mutant(
+        "hb6_connections_uncapped",
+        "a connection over --max-connections is served",
+        (("gov/http/wire.py", "if len(self.connections) > self.limits.max_connections:", "if False:", 1),),
+        (f"{LIMITS}test_connections_over_the_cap_are_closed_at_once",),
+    ),
+    Mutant(
+        "hb7_accept_errors_logged_each_time",
+        "every failed accept is logged with its traceback, as asyncio does",
+        (("gov/http/wire.py", "exc.errno in ACCEPT_ERRNOS) or (retry and exc is not None):",
+          "exc.errno in ()) or False:", 1),),
+        (f"{LIMITS}test_running_out_of_descriptors_logs_a_line_not_a_storm",),
+    ),
+    Mutant(
+        "hb8_body_counted_as_head",
+        "the head's room is not lifted once the headers end: a big body in the same write is a 431",
+        (("gov/http/wire.py", "        self._head_room = None\n        self._deadline = self.now + self.limits.body",
+          "        self._deadline = self.now + self.limits.body", 1),),
+        (f"{LIMITS}test_headers_and_a_body_in_one_write_are_not_mistaken_for_a_big_head",),
     ),
 ]
 
