@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Security
 from fastapi.responses import JSONResponse, Response
+from psycopg.rows import tuple_row
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
@@ -59,6 +60,15 @@ HTML = "text/html; charset=utf-8"
 #: Retired this way, a subscription may be renewed by the browser that held it
 #: (a push service's 404/410 often comes just before the browser's pushsubscriptionchange).
 RENEWABLE_REASON = "push service answered"
+#: Live subscriptions a user may have for POST /subscriptions to add one: a person has a
+#: handful of browsers. Without it one subscribe token (ten minutes) stored 500 for one user,
+#: and each of the user's sends then went out 500 times, to endpoints of the token holder's
+#: choosing. A subscription past it is refused (409), not made by retiring the oldest: the
+#: door never retires what the app stored through the trusted API (Governor.subscribe,
+#: unbounded), and an abused token leaves no trail of retired rows. A person who truly
+#: reaches it has stale subscriptions, which their push services retire at the next
+#: delivery (404/410), and a browser's renewal replaces one rather than adding one.
+MAX_LIVE_SUBSCRIPTIONS = 16
 REPLACED_REASON = "replaced by the browser (pushsubscriptionchange)"
 UNSUBSCRIBED_REASON = "unsubscribed in the browser (gov.unsubscribe)"
 NO_SECRET = (
@@ -135,13 +145,19 @@ def _held(governor: Governor, proof: Proof, *, renewable: bool) -> tuple[int, st
     return None
 
 
-def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subscribed:
+def subscribe(governor: Governor, secret: bytes | None, body: Subscribe, *,
+              max_live: int = MAX_LIVE_SUBSCRIPTIONS) -> Subscribed:
     """Store ``body.subscription`` for the user its token (or its previous subscription) proves.
 
-    Raises HTTPError 501 (no secret), 403 (bad token or proof), or
+    In one transaction, one at a time per user: a renewal first marks the subscription it
+    replaces as replaced (once: a second renewal with the same proof is refused, even at the
+    same moment), then the user's live subscriptions on other endpoints are counted (409 at
+    ``max_live``), then the subscription is stored.
+
+    Raises HTTPError 501 (no secret), 403 (bad token or proof), 409 (too many live), or
     :class:`gov.errors.InvalidSubscription` (422); nothing is written then.
     """
-    replaced: int | None = None
+    renewed: int | None = None
     if body.token is not None:
         if secret is None:
             raise HTTPError(501, NO_SECRET)
@@ -157,12 +173,21 @@ def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subs
         old_id, user_id, live = held
         if body.user_id is not None and body.user_id != user_id:
             raise HTTPError(403, "previous: the subscription belongs to another user")
-        if live and body.previous.endpoint != body.subscription.endpoint:
-            replaced = old_id
-    sub_id = governor.subscribe(user_id, body.subscription.model_dump(by_alias=True))
-    if replaced is not None:
-        governor.source.execute(q("retire_subscription"),
-                                {"user_id": user_id, "id": replaced, "reason": REPLACED_REASON})
+        if not (live and body.previous.endpoint == body.subscription.endpoint):  # (else: the same row, updated)
+            renewed = old_id
+    params = governor.subscription_params(user_id, body.subscription.model_dump(by_alias=True))
+    with governor.source.connection() as conn, conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("lock_user_subscriptions"), {"user_id": user_id})
+        if renewed is not None and cur.execute(q("renew_subscription"), {
+            "user_id": user_id, "id": renewed, "reason": REPLACED_REASON, "renewable": RENEWABLE_REASON,
+        }).fetchone() is None:
+            raise HTTPError(403, "previous: this subscription was renewed already")
+        (live_count,) = cur.execute(q("live_subscriptions_besides"),
+                                    {"user_id": user_id, "endpoint": params["endpoint"]}).fetchone() or (0,)
+        if live_count >= max_live:
+            raise HTTPError(409, f"this user already has {live_count} live subscriptions, the most "
+                                 "POST /subscriptions allows (a browser's renewal replaces one)")
+        (sub_id,) = cur.execute(q("subscribe"), params).fetchone() or (None,)
     return Subscribed.model_validate({"subscriptionId": sub_id, "userId": user_id})
 
 
@@ -195,7 +220,7 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
 
     @app.post(
         "/subscriptions", summary="Store this browser's subscription for the user of an app-signed token",
-        status_code=201, response_model=Subscribed, responses=refusals(400, 403, 413, 415, 422, 501, 503),
+        status_code=201, response_model=Subscribed, responses=refusals(400, 403, 409, 413, 415, 422, 501, 503),
     )
     @json_only
     async def subscriptions(body: Subscribe) -> Subscribed:

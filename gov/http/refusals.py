@@ -33,7 +33,8 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
 
 _REASONS = {
     400: "not JSON, or no body", 401: "missing or wrong bearer token", 403: "the token or proof is refused",
-    404: "nothing to act on", 413: "the body is over the limit", 415: "the body must be application/json",
+    404: "nothing to act on", 409: "the user has as many live subscriptions as the door allows",
+    413: "the body is over the limit", 415: "the body must be application/json",
     429: "too many requests from this address: retry after Retry-After seconds",
     501: "not configured on this server (see the message)",
     422: "well-formed but invalid: nothing was written", 503: "the database is unavailable; retry later",
