@@ -175,12 +175,15 @@ class BearerToken(HTTPBearer):
         if len(request.headers.getlist("authorization")) > 1:
             # which one would count? Refused, at every door alike (the fast door hands it here)
             raise HTTPError(401, "more than one Authorization header", {"WWW-Authenticate": 'Bearer realm="gov"'})
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        given = value.strip().encode()
+        # the header's own bytes (Starlette decodes them as Latin-1), split and stripped as bytes:
+        # exactly as the fast door (gov.http.door) reads them, so both doors take the same tokens
+        raw = request.headers.get("authorization", "").encode("latin-1")
+        scheme, _, value = raw.partition(b" ")
+        given = value.strip()
         # compare_digest even for a wrong scheme: the time taken says nothing about the token;
         # every accepted token is compared, so the time says nothing about which one matched
         matches = [hmac.compare_digest(given, secret) for secret in self.accepted]
-        if not any(matches) or scheme.lower() != "bearer":
+        if not any(matches) or scheme.lower() != b"bearer":
             raise HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="gov"'})
 
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
@@ -694,6 +697,12 @@ def check_settings(
         raise ConfigurationError(
             f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
         )
+    for name, secret in ((ENV_TOKEN, token), (ENV_METRICS_TOKEN, metrics_token)):
+        # an HTTP header carries bytes, which clients encode as they please past ASCII: a token
+        # that is not printable ASCII would open one door and not another (or none)
+        if secret is not None and not (secret.strip().isascii() and secret.strip().isprintable()):
+            raise ConfigurationError(f"{name} must be printable ASCII (letters, digits, punctuation): "
+                                     "HTTP clients encode other characters differently")
     if workers < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {workers}")
     if not 0 <= batch_window_ms <= 1000:
