@@ -37,6 +37,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -214,8 +215,16 @@ class GovRoute(APIRoute):
         takes_body = self.body_field is not None
 
         json_only = getattr(self.endpoint, "gov_json_only", False)
+        limit: RateLimit | None = getattr(self.endpoint, "gov_rate_limit", None)
 
         async def guarded(request: Request) -> Response:
+            if limit is not None:
+                # every request takes from its address's bucket first, whatever its body: a
+                # malformed one costs the server as much as a valid one (browser.rate_limited)
+                wait = limit.allow(request.client.host if request.client is not None else "-")
+                if wait is not None:
+                    raise HTTPError(429, "too many requests from this address; retry later",
+                                    {"Retry-After": str(max(1, math.ceil(wait)))})
             for guard in guards:
                 guard.check(request)
             if self.dependant.path_params:

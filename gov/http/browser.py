@@ -24,7 +24,6 @@ each must echo the beacon token its push carried (:mod:`gov.delivery.beacon`).
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -34,7 +33,6 @@ from fastapi import FastAPI, Security
 from fastapi.responses import JSONResponse, Response
 from psycopg.rows import tuple_row
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 
 from gov.delivery.beacon import ENV_SECRET as ENV_BEACON_SECRET
 from gov.delivery.beacon import ENV_SECRET_FILE as ENV_BEACON_SECRET_FILE
@@ -60,6 +58,8 @@ HTML = "text/html; charset=utf-8"
 #: Retired this way, a subscription may be renewed by the browser that held it
 #: (a push service's 404/410 often comes just before the browser's pushsubscriptionchange).
 RENEWABLE_REASON = "push service answered"
+REPLACED_REASON = "replaced by the browser (pushsubscriptionchange)"
+UNSUBSCRIBED_REASON = "unsubscribed in the browser (gov.unsubscribe)"
 #: Live subscriptions a user may have for POST /subscriptions to add one: a person has a
 #: handful of browsers. Without it one subscribe token (ten minutes) stored 500 for one user,
 #: and each of the user's sends then went out 500 times, to endpoints of the token holder's
@@ -69,8 +69,6 @@ RENEWABLE_REASON = "push service answered"
 #: reaches it has stale subscriptions, which their push services retire at the next
 #: delivery (404/410), and a browser's renewal replaces one rather than adding one.
 MAX_LIVE_SUBSCRIPTIONS = 16
-REPLACED_REASON = "replaced by the browser (pushsubscriptionchange)"
-UNSUBSCRIBED_REASON = "unsubscribed in the browser (gov.unsubscribe)"
 NO_SECRET = (
     f"subscribe is not configured: set {ENV_SECRET} (or {ENV_SECRET_FILE}) to the secret the app signs "
     "subscribe tokens with"
@@ -107,6 +105,16 @@ def json_only(endpoint: F) -> F:
     """Mark a route that refuses any Content-Type but application/json (415, before the body is read)."""
     endpoint.gov_json_only = True  # type: ignore[attr-defined]
     return endpoint
+
+
+def rate_limited(limit: RateLimit) -> Callable[[F], F]:
+    """Mark a route whose every request, whatever its body, first takes a token from ``limit``
+    by client address (429 with Retry-After past it, before the body is read)."""
+    def mark(endpoint: F) -> F:
+        endpoint.gov_rate_limit = limit  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
 
 
 @cache
@@ -241,14 +249,12 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
         "/events/errors", summary="The service worker could not read a push (counted, not stored)",
         status_code=204, response_class=Response, responses=refusals(400, 403, 413, 422, 429),
     )
-    async def worker_error(body: WorkerError, request: Request) -> Response:
+    @rate_limited(limit)
+    async def worker_error(body: WorkerError) -> Response:
         # Public and mostly without a token (an unreadable push rarely has one to echo), so
-        # bounded instead: every report, valid or not, takes from its address's bucket first.
-        # Behind a proxy on this host, uvicorn takes the address from X-Forwarded-For.
-        wait = limit.allow(request.client.host if request.client is not None else "-")
-        if wait is not None:
-            raise HTTPError(429, "too many error reports from this address; retry later",
-                            {"Retry-After": str(max(1, math.ceil(wait)))})
+        # bounded instead: every report, valid or not (unreadable, oversize, refused by the
+        # model), takes from its address's bucket first, before its body is read (gov.http.app
+        # GovRoute). Behind a proxy on this host, uvicorn takes the address from X-Forwarded-For.
         if body.token is not None:  # echoed: then it must be the push's own
             if beacon_keys is None:  # no push of this server carries one: no echo can be valid
                 raise HTTPError(403, "beacon token refused: this server has no beacon secret")
