@@ -950,6 +950,58 @@ MUTANTS = [
           "        self._deadline = self.now + self.limits.body", 1),),
         (f"{LIMITS}test_headers_and_a_body_in_one_write_are_not_mistaken_for_a_big_head",),
     ),
+    Mutant(
+        "hb9_renewed_row_stays_renewable",
+        "a push-retired subscription keeps its reason when renewed: the same proof renews it again and again",
+        (("sql/queries_delivery.sql", "ELSE %(reason)s || ' after: ' || retired_reason END", "ELSE retired_reason END",
+          1),),
+        (f"{PROBE}test_a_subscription_its_push_service_retired_is_renewed_once",),
+    ),
+    Mutant(
+        "hc1_renewal_not_rechecked_at_the_write",
+        "the renewal's write does not re-check the old row: two renewals at once both succeed",
+        (("sql/queries_delivery.sql", "AND (retired_at IS NULL OR starts_with(retired_reason, %(renewable)s))",
+          "AND true", 1),),
+        (f"{PROBE}test_two_renewals_of_one_subscription_at_once_one_wins",),
+    ),
+    Mutant(
+        "hc2_live_subscriptions_uncapped",
+        "POST /subscriptions adds any number of live subscriptions for one user",
+        (("gov/http/browser.py", "if live_count >= max_live:", "if False:", 1),),
+        (f"{PROBE}test_one_token_adds_at_most_the_cap_of_live_subscriptions",),
+    ),
+    Mutant(
+        "hc3_routes_strip_the_token_as_text",
+        "the routes strip the Authorization header as text (a Latin-1 NBSP too), the fast door as bytes",
+        (("gov/http/app.py", "        given = value.strip()\n",
+          '        given = value.decode("latin-1").strip().encode("latin-1")\n', 1),),
+        (f"{PROBE}test_every_door_reads_the_authorization_header_as_the_same_bytes",),
+    ),
+    Mutant(
+        "hc4_non_ascii_token_accepted",
+        "a GOV_API_TOKEN that is not printable ASCII is taken at start",
+        (("gov/http/app.py", "not (secret.strip().isascii() and secret.strip().isprintable()):", "False:", 1),),
+        (f"{PROBE}test_a_token_that_is_not_printable_ascii_is_refused_at_start",),
+    ),
+    Mutant(
+        "hc5_quotes_unclipped",
+        "a refusal quotes its input whole (up to the line's own cap)",
+        (("gov/http/refusals.py", "clipped = _LONG_QUOTE.sub(cut, message)", "clipped = message", 1),),
+        (f"{PROBE}test_a_refusal_quotes_a_long_input_cut_short",),
+    ),
+    Mutant(
+        "hc6_error_reports_limited_after_the_body",
+        "the /events/errors bucket is not taken before the body: malformed reports are never 429",
+        (("gov/http/app.py", 'limit: RateLimit | None = getattr(self.endpoint, "gov_rate_limit", None)',
+          "limit: RateLimit | None = None", 1),),
+        (f"{PROBE}test_malformed_worker_error_reports_take_from_the_bucket_too",),
+    ),
+    Mutant(
+        "hc7_localtime_taken",
+        "timeZone localtime (the database host's /etc/localtime) is taken",
+        (("gov/users.py", "if time_zone in HOST_ZONES:", "if False:", 1),),
+        (f"{PROBE}test_localtime_is_not_a_time_zone",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
