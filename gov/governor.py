@@ -240,14 +240,17 @@ class Governor:
         one raises :class:`gov.InvalidSubscription` and nothing is stored. Subscribing
         again never resets the user's budget: budgets belong to the user.
         """
+        (row,) = self.source.execute(q("subscribe"), self.subscription_params(user_id, subscription))
+        return int(row[0])
+
+    def subscription_params(self, user_id: str, subscription: str | bytes | Mapping[str, Any]) -> dict[str, str]:
+        """The parameters of ``q("subscribe")``, every check of :meth:`subscribe` made first
+        (raises :class:`gov.InvalidSubscription`); for a caller that subscribes in a transaction of its own."""
         Message(user_id=user_id, id="-", tier="P0")  # the same rules for the user id
         sub = parse_subscription(subscription, allow_loopback_http=self.allow_loopback_http)
         # every address the host resolves to must be public (invariant 13); the runner checks again
         EndpointGuard.from_env(self.allow_loopback_http, cache_s=0).check_url(sub.endpoint)
-        (row,) = self.source.execute(
-            q("subscribe"), {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth}
-        )
-        return int(row[0])
+        return {"user_id": user_id, "endpoint": sub.endpoint, "p256dh": sub.p256dh, "auth": sub.auth}
 
     def close(self) -> None:
         """Close what gov opened; a pool or connection you gave stays open."""

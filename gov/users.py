@@ -42,10 +42,19 @@ def clear_user_cap(conn: psycopg.Connection[Any], user_id: str, scope: str, wind
         conn.execute(q("clear_user_cap"), {"user_id": user_id, "scope": scope, "window_ms": window_ms})
 
 
+#: Names in a zone directory that are the host's configuration, not IANA zones: ``localtime``
+#: is /etc/localtime (so the database host's), ``posixrules`` whatever its builder chose.
+HOST_ZONES = frozenset({"localtime", "posixrules"})
+
+
 def set_time_zone(conn: psycopg.Connection[Any], user_id: str, time_zone: str | None) -> None:
     """Set the IANA zone quiet hours are computed in (None: no quiet hours for this user)."""
     _check_user(user_id)
     if time_zone is not None:
+        if time_zone in HOST_ZONES:
+            # zone files of the host, not zones: each host's (the database's, this one's) may differ
+            raise PolicyError(f"time zone {time_zone!r} follows the host's own setting; "
+                              "use an IANA name such as Europe/Berlin")
         try:
             ZoneInfo(time_zone)
         except (ZoneInfoNotFoundError, ValueError):

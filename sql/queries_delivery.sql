@@ -37,6 +37,32 @@ UPDATE gov.subscriptions
  WHERE user_id = %(user_id)s AND id = %(id)s AND retired_at IS NULL
 RETURNING id;
 
+-- name: lock_user_subscriptions
+-- POST /subscriptions: one at a time per user, so two at once cannot both pass the user's
+-- cap of live subscriptions (seed 2: the users' decision locks hash with seed 0, the
+-- endpoints' with seed 1).
+SELECT pg_advisory_xact_lock(hashtextextended(%(user_id)s, 2));
+
+-- name: renew_subscription
+-- A browser renews a subscription (pushsubscriptionchange): the old row is marked replaced,
+-- once. It must be live, or retired by its push service (404/410) and not renewed since;
+-- the row lock makes two renewals of one row go one after the other, and the second finds
+-- it replaced (no row: refused). A retired row keeps when it was retired, and why after
+-- the new reason.
+UPDATE gov.subscriptions
+   SET retired_at = coalesce(retired_at, now()),
+       retired_reason = CASE WHEN retired_at IS NULL THEN %(reason)s
+                             ELSE %(reason)s || ' after: ' || retired_reason END
+ WHERE user_id = %(user_id)s AND id = %(id)s
+   AND (retired_at IS NULL OR starts_with(retired_reason, %(renewable)s))
+RETURNING id;
+
+-- name: live_subscriptions_besides
+-- How many live subscriptions a user has on other endpoints than this one (a subscription
+-- of this endpoint is updated in place, not added).
+SELECT count(*) FROM gov.subscriptions
+ WHERE user_id = %(user_id)s AND retired_at IS NULL AND endpoint <> %(endpoint)s;
+
 -- name: outbox_due
 -- Is any outbox row due for a claim now? The condition of gov.claim_outbox_v3's claim
 -- (keep the two equal: a "no" here skips the runner), over the partial index outbox_due;

@@ -214,12 +214,22 @@ def check(
 @option("--batch-concurrency", envvar="GOV_SERVE_BATCH_CONCURRENCY", type=click.IntRange(1, 256), default=2,
         help="Batches decided at once per process, one database connection each (more: smaller batches; "
         "one: a batch waiting on a user's lock holds up every send).")
+@option("--header-timeout", envvar="GOV_SERVE_HEADER_TIMEOUT", type=FiniteRange(0.1, 3600), default=10.0,
+        help="Seconds a connection has to send a request's headers, from connecting or from the request's "
+        "first byte; past it the connection is closed.")
+@option("--body-timeout", envvar="GOV_SERVE_BODY_TIMEOUT", type=FiniteRange(0.1, 3600), default=15.0,
+        help="Seconds a request's whole body has to arrive after its headers; past it the answer is 408 and "
+        "the connection is closed.")
+@option("--max-connections", envvar="GOV_SERVE_MAX_CONNECTIONS", type=click.IntRange(1, None), default=None,
+        help="Connections held at once per process; one more is closed at once. Default: 4096, or less to stay "
+        "below the open-file limit (ulimit -n); a value that would reach it is refused.")
 @option("--access-log", is_flag=True, help="Log every request.")
 @option("--demo", is_flag=True, envvar="GOV_SERVE_DEMO",
         help="Also serve /demo: subscribe this browser and send it a test notification (needs GOV_API_TOKEN).")
 @url_option
 def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: float, batch_max: int,
-          batch_concurrency: int, access_log: bool, demo: bool, database_url: str | None) -> None:
+          batch_concurrency: int, header_timeout: float, body_timeout: float, max_connections: int | None,
+          access_log: bool, demo: bool, database_url: str | None) -> None:
     """Serve the HTTP API: /internal/send, /events, /users/{id}/preferences, /healthz, /metrics.
 
     Needs GOV_API_TOKEN (the bearer token of /internal and /users); refuses to start
@@ -231,7 +241,9 @@ def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: f
     GOV_SUBSCRIBE_SECRET_FILE names). Beacons (POST /events) must echo the token each push
     carries, made under GOV_BEACON_SECRET (or the file GOV_BEACON_SECRET_FILE names; set it
     for the runners too; GOV_BEACON_SECRET_PREVIOUS is still accepted during a rotation):
-    without it they are refused (501). --demo adds a page at /demo.
+    without it they are refused (501). --demo adds a page at /demo. What one client may hold
+    is bounded: the header and body timeouts, 16 KiB and 100 headers a request (431), and
+    --max-connections per process.
     """
     try:
         from gov.http import app as serve_mod
@@ -254,10 +266,12 @@ def serve(host: str, port: int, pool_size: int, workers: int, batch_window_ms: f
     metrics_token = os.environ.get(serve_mod.ENV_METRICS_TOKEN) or None
     # every setting before the database is touched or a process forked: one line if wrong
     serve_mod.check_settings(token, metrics_token, workers=workers, batch_window_ms=batch_window_ms,
-                             batch_max=batch_max, batch_concurrency=batch_concurrency)
+                             batch_max=batch_max, batch_concurrency=batch_concurrency, header_timeout=header_timeout,
+                             body_timeout=body_timeout, max_connections=max_connections, pool_size=pool_size)
     serve_mod.serve(
         dsn(database_url, check_schema=True), token=token, host=host, port=port, signer=signer, pool_size=pool_size,
         access_log=access_log, metrics_token=metrics_token, subscribe_secret=subscribe_secret,
         beacon_keys=beacon_keys, demo=demo, workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max,
-        batch_concurrency=batch_concurrency,
+        batch_concurrency=batch_concurrency, header_timeout=header_timeout, body_timeout=body_timeout,
+        max_connections=max_connections,
     )

@@ -37,6 +37,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -67,6 +68,13 @@ from gov.errors import ConfigurationError, DatabaseError, InvalidInput
 from gov.governor import Governor
 from gov.http import browser
 from gov.http.door import FastSend
+from gov.http.guard import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    FD_RESERVE,
+    Limits,
+    connection_cap,
+)
 from gov.http.limits import RateLimit
 from gov.http.models import Event, Health, Id, Preferences, Segment, Send, Verdict
 from gov.http.refusals import HTTPError, refusals
@@ -168,12 +176,15 @@ class BearerToken(HTTPBearer):
         if len(request.headers.getlist("authorization")) > 1:
             # which one would count? Refused, at every door alike (the fast door hands it here)
             raise HTTPError(401, "more than one Authorization header", {"WWW-Authenticate": 'Bearer realm="gov"'})
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        given = value.strip().encode()
+        # the header's own bytes (Starlette decodes them as Latin-1), split and stripped as bytes:
+        # exactly as the fast door (gov.http.door) reads them, so both doors take the same tokens
+        raw = request.headers.get("authorization", "").encode("latin-1")
+        scheme, _, value = raw.partition(b" ")
+        given = value.strip()
         # compare_digest even for a wrong scheme: the time taken says nothing about the token;
         # every accepted token is compared, so the time says nothing about which one matched
         matches = [hmac.compare_digest(given, secret) for secret in self.accepted]
-        if not any(matches) or scheme.lower() != "bearer":
+        if not any(matches) or scheme.lower() != b"bearer":
             raise HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": 'Bearer realm="gov"'})
 
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
@@ -204,8 +215,16 @@ class GovRoute(APIRoute):
         takes_body = self.body_field is not None
 
         json_only = getattr(self.endpoint, "gov_json_only", False)
+        limit: RateLimit | None = getattr(self.endpoint, "gov_rate_limit", None)
 
         async def guarded(request: Request) -> Response:
+            if limit is not None:
+                # every request takes from its address's bucket first, whatever its body: a
+                # malformed one costs the server as much as a valid one (browser.rate_limited)
+                wait = limit.allow(request.client.host if request.client is not None else "-")
+                if wait is not None:
+                    raise HTTPError(429, "too many requests from this address; retry later",
+                                    {"Retry-After": str(max(1, math.ceil(wait)))})
             for guard in guards:
                 guard.check(request)
             if self.dependant.path_params:
@@ -414,7 +433,7 @@ def create_app(
     if not isinstance(token, str):
         raise ConfigurationError(f"{ENV_TOKEN} must be set to a secret of at least {MIN_TOKEN_LENGTH} characters")
     check_settings(token, metrics_token, workers=1, batch_window_ms=batch_window_ms, batch_max=batch_max,
-                   batch_concurrency=batch_concurrency)
+                   batch_concurrency=batch_concurrency, connections=False)
     expected = token.strip().encode()
     api_token = BearerToken([expected], "bearer", ENV_TOKEN)
     scrape_token = BearerToken(
@@ -587,6 +606,9 @@ def serve(
     batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
     batch_max: int = DEFAULT_BATCH_MAX,
     batch_concurrency: int = DEFAULT_BATCH_CONCURRENCY,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S,
+    max_connections: int | None = None,
 ) -> None:
     """Run the server until SIGINT/SIGTERM. Refuses to start without a good token.
 
@@ -594,9 +616,14 @@ def serve(
     stderr (with ``port=0``, the port the system chose), then serves: in this process, or
     with ``workers`` above 1 in that many forked processes sharing the socket (the kernel
     spreads the connections), each with its own pools; SIGTERM or SIGINT stops them all.
+
+    Each process bounds what a client may hold (:mod:`gov.http.guard`): ``header_timeout``
+    and ``body_timeout`` seconds, and ``max_connections`` at once (None: the default, kept
+    below the open-file limit).
     """
-    check_settings(token, metrics_token, workers=workers, batch_window_ms=batch_window_ms, batch_max=batch_max,
-                   batch_concurrency=batch_concurrency)
+    limits = check_settings(token, metrics_token, workers=workers, batch_window_ms=batch_window_ms,
+                            batch_max=batch_max, batch_concurrency=batch_concurrency, header_timeout=header_timeout,
+                            body_timeout=body_timeout, max_connections=max_connections, pool_size=pool_size)
     assert token is not None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
@@ -635,12 +662,15 @@ def serve(
                              batch_max=batch_max, batch_concurrency=batch_concurrency)
             # uvicorn ends the process with the signal it caught (SIGTERM: exit status -15)
             # once the lifespan has closed the governor
-            from gov.http.wire import JoinedHttpToolsProtocol
+            from gov.http.wire import GovServer, GuardedHttpToolsProtocol
 
-            # httptools, each answer's head and body written at once (gov.http.wire)
+            # httptools, each answer's head and body written at once (gov.http.wire), with
+            # what a client may hold bounded (gov.http.guard); an idle connection between two
+            # requests is closed after uvicorn's keep-alive timeout, at most the header timeout
             config = uvicorn.Config(asgi(app), log_level="warning", access_log=access_log, lifespan="on",
-                                    http=JoinedHttpToolsProtocol)
-            uvicorn.Server(config).run(sockets=[sock])
+                                    http=GuardedHttpToolsProtocol.with_limits(limits),
+                                    timeout_keep_alive=min(5, header_timeout))  # type: ignore[arg-type]
+            GovServer(config, limits).run(sockets=[sock])
         finally:
             governor.close()
 
@@ -653,9 +683,15 @@ def serve(
 
 def check_settings(
     token: str | None, metrics_token: str | None, *, workers: int, batch_window_ms: float, batch_max: int,
-    batch_concurrency: int,
-) -> None:
-    """Every setting of ``gov serve`` checked before it binds or forks: one ConfigurationError."""
+    batch_concurrency: int, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S, max_connections: int | None = None, pool_size: int = 4,
+    connections: bool = True,
+) -> Limits:
+    """Every setting of ``gov serve`` checked before it binds or forks: one ConfigurationError.
+
+    Returns the bounds of each connection (:mod:`gov.http.guard`); without ``connections``
+    (the app alone, which holds none) the connection cap is not worked out from the open-file limit.
+    """
     if token is None:
         raise ConfigurationError(f"{ENV_TOKEN} is not set: gov serve refuses to start without its bearer token")
     if len(token.strip()) < MIN_TOKEN_LENGTH:
@@ -667,6 +703,12 @@ def check_settings(
         raise ConfigurationError(
             f"{ENV_METRICS_TOKEN}, when set, must be a secret of at least {MIN_TOKEN_LENGTH} characters"
         )
+    for name, secret in ((ENV_TOKEN, token), (ENV_METRICS_TOKEN, metrics_token)):
+        # an HTTP header carries bytes, which clients encode as they please past ASCII: a token
+        # that is not printable ASCII would open one door and not another (or none)
+        if secret is not None and not (secret.strip().isascii() and secret.strip().isprintable()):
+            raise ConfigurationError(f"{name} must be printable ASCII (letters, digits, punctuation): "
+                                     "HTTP clients encode other characters differently")
     if workers < 1:
         raise ConfigurationError(f"--workers must be at least 1, got {workers}")
     if not 0 <= batch_window_ms <= 1000:
@@ -675,6 +717,12 @@ def check_settings(
         raise ConfigurationError(f"a batch holds at least 1 send, got {batch_max}")
     if batch_concurrency < 1:
         raise ConfigurationError(f"at least 1 batch must run at a time, got {batch_concurrency}")
+    for name, value in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout)):
+        if not 0.1 <= value <= 3600:
+            raise ConfigurationError(f"{name} must be 0.1 to 3600 seconds, got {value}")
+    # the descriptors the pools may hold come out of the room for connections
+    cap = connection_cap(max_connections, FD_RESERVE + pool_size + batch_concurrency + 1) if connections else 0
+    return Limits(header_timeout=header_timeout, body_timeout=body_timeout, max_connections=cap)
 
 
 def _run_workers(run_one: Callable[[], None], workers: int, banner: str) -> None:

@@ -24,7 +24,6 @@ each must echo the beacon token its push carried (:mod:`gov.delivery.beacon`).
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -32,8 +31,8 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Security
 from fastapi.responses import JSONResponse, Response
+from psycopg.rows import tuple_row
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 
 from gov.delivery.beacon import ENV_SECRET as ENV_BEACON_SECRET
 from gov.delivery.beacon import ENV_SECRET_FILE as ENV_BEACON_SECRET_FILE
@@ -61,6 +60,15 @@ HTML = "text/html; charset=utf-8"
 RENEWABLE_REASON = "push service answered"
 REPLACED_REASON = "replaced by the browser (pushsubscriptionchange)"
 UNSUBSCRIBED_REASON = "unsubscribed in the browser (gov.unsubscribe)"
+#: Live subscriptions a user may have for POST /subscriptions to add one: a person has a
+#: handful of browsers. Without it one subscribe token (ten minutes) stored 500 for one user,
+#: and each of the user's sends then went out 500 times, to endpoints of the token holder's
+#: choosing. A subscription past it is refused (409), not made by retiring the oldest: the
+#: door never retires what the app stored through the trusted API (Governor.subscribe,
+#: unbounded), and an abused token leaves no trail of retired rows. A person who truly
+#: reaches it has stale subscriptions, which their push services retire at the next
+#: delivery (404/410), and a browser's renewal replaces one rather than adding one.
+MAX_LIVE_SUBSCRIPTIONS = 16
 NO_SECRET = (
     f"subscribe is not configured: set {ENV_SECRET} (or {ENV_SECRET_FILE}) to the secret the app signs "
     "subscribe tokens with"
@@ -99,6 +107,16 @@ def json_only(endpoint: F) -> F:
     return endpoint
 
 
+def rate_limited(limit: RateLimit) -> Callable[[F], F]:
+    """Mark a route whose every request, whatever its body, first takes a token from ``limit``
+    by client address (429 with Retry-After past it, before the body is read)."""
+    def mark(endpoint: F) -> F:
+        endpoint.gov_rate_limit = limit  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
 @cache
 def static(name: str) -> bytes:
     """A file shipped in ``gov/http/static`` (read once)."""
@@ -135,13 +153,19 @@ def _held(governor: Governor, proof: Proof, *, renewable: bool) -> tuple[int, st
     return None
 
 
-def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subscribed:
+def subscribe(governor: Governor, secret: bytes | None, body: Subscribe, *,
+              max_live: int = MAX_LIVE_SUBSCRIPTIONS) -> Subscribed:
     """Store ``body.subscription`` for the user its token (or its previous subscription) proves.
 
-    Raises HTTPError 501 (no secret), 403 (bad token or proof), or
+    In one transaction, one at a time per user: a renewal first marks the subscription it
+    replaces as replaced (once: a second renewal with the same proof is refused, even at the
+    same moment), then the user's live subscriptions on other endpoints are counted (409 at
+    ``max_live``), then the subscription is stored.
+
+    Raises HTTPError 501 (no secret), 403 (bad token or proof), 409 (too many live), or
     :class:`gov.errors.InvalidSubscription` (422); nothing is written then.
     """
-    replaced: int | None = None
+    renewed: int | None = None
     if body.token is not None:
         if secret is None:
             raise HTTPError(501, NO_SECRET)
@@ -157,12 +181,21 @@ def subscribe(governor: Governor, secret: bytes | None, body: Subscribe) -> Subs
         old_id, user_id, live = held
         if body.user_id is not None and body.user_id != user_id:
             raise HTTPError(403, "previous: the subscription belongs to another user")
-        if live and body.previous.endpoint != body.subscription.endpoint:
-            replaced = old_id
-    sub_id = governor.subscribe(user_id, body.subscription.model_dump(by_alias=True))
-    if replaced is not None:
-        governor.source.execute(q("retire_subscription"),
-                                {"user_id": user_id, "id": replaced, "reason": REPLACED_REASON})
+        if not (live and body.previous.endpoint == body.subscription.endpoint):  # (else: the same row, updated)
+            renewed = old_id
+    params = governor.subscription_params(user_id, body.subscription.model_dump(by_alias=True))
+    with governor.source.connection() as conn, conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(q("lock_user_subscriptions"), {"user_id": user_id})
+        if renewed is not None and cur.execute(q("renew_subscription"), {
+            "user_id": user_id, "id": renewed, "reason": REPLACED_REASON, "renewable": RENEWABLE_REASON,
+        }).fetchone() is None:
+            raise HTTPError(403, "previous: this subscription was renewed already")
+        (live_count,) = cur.execute(q("live_subscriptions_besides"),
+                                    {"user_id": user_id, "endpoint": params["endpoint"]}).fetchone() or (0,)
+        if live_count >= max_live:
+            raise HTTPError(409, f"this user already has {live_count} live subscriptions, the most "
+                                 "POST /subscriptions allows (a browser's renewal replaces one)")
+        (sub_id,) = cur.execute(q("subscribe"), params).fetchone() or (None,)
     return Subscribed.model_validate({"subscriptionId": sub_id, "userId": user_id})
 
 
@@ -195,7 +228,7 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
 
     @app.post(
         "/subscriptions", summary="Store this browser's subscription for the user of an app-signed token",
-        status_code=201, response_model=Subscribed, responses=refusals(400, 403, 413, 415, 422, 501, 503),
+        status_code=201, response_model=Subscribed, responses=refusals(400, 403, 409, 413, 415, 422, 501, 503),
     )
     @json_only
     async def subscriptions(body: Subscribe) -> Subscribed:
@@ -216,14 +249,12 @@ def install(app: FastAPI, governor: Governor, *, secret: bytes | None, demo: boo
         "/events/errors", summary="The service worker could not read a push (counted, not stored)",
         status_code=204, response_class=Response, responses=refusals(400, 403, 413, 422, 429),
     )
-    async def worker_error(body: WorkerError, request: Request) -> Response:
+    @rate_limited(limit)
+    async def worker_error(body: WorkerError) -> Response:
         # Public and mostly without a token (an unreadable push rarely has one to echo), so
-        # bounded instead: every report, valid or not, takes from its address's bucket first.
-        # Behind a proxy on this host, uvicorn takes the address from X-Forwarded-For.
-        wait = limit.allow(request.client.host if request.client is not None else "-")
-        if wait is not None:
-            raise HTTPError(429, "too many error reports from this address; retry later",
-                            {"Retry-After": str(max(1, math.ceil(wait)))})
+        # bounded instead: every report, valid or not (unreadable, oversize, refused by the
+        # model), takes from its address's bucket first, before its body is read (gov.http.app
+        # GovRoute). Behind a proxy on this host, uvicorn takes the address from X-Forwarded-For.
         if body.token is not None:  # echoed: then it must be the push's own
             if beacon_keys is None:  # no push of this server carries one: no echo can be valid
                 raise HTTPError(403, "beacon token refused: this server has no beacon secret")

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gov.errors import DatabaseError, InvalidInput
 from gov.http.models import Send as SendBody
+from gov.http.refusals import clip
 
 log = logging.getLogger("gov.http.door")
 
@@ -98,7 +99,7 @@ class FastSend:
             result = await batcher.send(message)
         except InvalidInput as exc:  # refused alone (an oversize payload, an unknown tier): the route's 422
             # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
-            return 422, _json({"error": str(exc).encode("utf-8", "backslashreplace").decode("utf-8")})
+            return 422, _json({"error": clip(str(exc)).encode("utf-8", "backslashreplace").decode("utf-8")})
         except DatabaseError as exc:
             log.error("database error: %s", exc, extra={"action": "serve_database_error"})
             return 503, _json({"error": "the database is unavailable; retry later"})

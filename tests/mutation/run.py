@@ -44,6 +44,7 @@ SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
+LIMITS = "tests/acceptance/test_serve_limits.py::"
 INF_CORE = ("    IF NOT isfinite(v_now) OR v_now > clock_timestamp() + gov.moment_ahead_limit() THEN\n"
             "        -- a send row")
 INF_CORE_OFF = "    IF false THEN\n        -- a send row"
@@ -1164,6 +1165,113 @@ MUTANTS = [
         (("sql/migrations/0046_quiet_end_on_clock_change.sql", QUIET_CROSSING, "AND true", 1),
          ("sql/schema/20_decide.sql", QUIET_CROSSING, "AND true", 1)),
         ("tests/integration/test_quiet_clock_change.py::test_quiet_hours_end_when_the_clock_reads_their_end",),
+    ),
+    Mutant(
+        "hb1_no_header_deadline_at_connect",
+        "a connection gets no header deadline when it connects: one that sends nothing is held for good",
+        (("gov/http/wire.py", "        self._deadline = self.loop.time() + self.limits.header_timeout\n",
+          "        pass\n", 1),),
+        (f"{LIMITS}test_a_connection_that_sends_nothing_is_closed",
+         f"{LIMITS}test_partial_headers_are_closed_after_the_header_timeout"),
+    ),
+    Mutant(
+        "hb2_header_deadline_from_the_last_byte",
+        "every read pushes the header deadline back: a head trickled a byte at a time is never closed",
+        (("gov/http/wire.py", "        if self._deadline is None:\n            # the first bytes",
+          "        if True:\n            # the first bytes", 1),),
+        (f"{LIMITS}test_headers_trickled_a_byte_at_a_time_are_closed_too",),
+    ),
+    Mutant(
+        "hb3_slow_body_closed_without_408",
+        "a body past its timeout is closed without the 408",
+        (("gov/http/wire.py", '            self.transport.write(_refusal(b"408 Request Timeout", _BODY_TOO_SLOW))\n',
+          "", 1),),
+        (f"{LIMITS}test_a_body_that_does_not_arrive_in_time_gets_408_and_no_traceback",),
+    ),
+    Mutant(
+        "hb4_head_bytes_not_counted_as_they_come",
+        "a head's bytes are counted only when the parser hands a whole header over (it buffers a huge one)",
+        (("gov/http/wire.py", "        if room is None or len(data) <= room:  #", "        if True:  #", 1),),
+        (f"{LIMITS}test_a_huge_header_line_is_not_buffered",),
+    ),
+    Mutant(
+        "hb5_header_count_unbounded",
+        "any number of headers is taken",
+        (("gov/http/wire.py", "if self._headers_left < 0 or self._head_bytes_left < 0:",
+          "if self._head_bytes_left < 0:", 1),),
+        (f"{LIMITS}test_too_many_headers_is_a_431",),
+    ),
+    Mutant(
+        "hb6_connections_uncapped",
+        "a connection over --max-connections is served",
+        (("gov/http/wire.py", "if len(self.connections) > self.limits.max_connections:", "if False:", 1),),
+        (f"{LIMITS}test_connections_over_the_cap_are_closed_at_once",),
+    ),
+    Mutant(
+        "hb7_accept_errors_logged_each_time",
+        "every failed accept is logged with its traceback, as asyncio does",
+        (("gov/http/wire.py", "exc.errno in ACCEPT_ERRNOS) or (retry and exc is not None):",
+          "exc.errno in ()) or False:", 1),),
+        (f"{LIMITS}test_running_out_of_descriptors_logs_a_line_not_a_storm",),
+    ),
+    Mutant(
+        "hb8_body_counted_as_head",
+        "the head's room is not lifted once the headers end: a big body in the same write is a 431",
+        (("gov/http/wire.py", "        self._head_room = None\n        self._deadline = self.now + self.limits.body",
+          "        self._deadline = self.now + self.limits.body", 1),),
+        (f"{LIMITS}test_headers_and_a_body_in_one_write_are_not_mistaken_for_a_big_head",),
+    ),
+    Mutant(
+        "hb9_renewed_row_stays_renewable",
+        "a push-retired subscription keeps its reason when renewed: the same proof renews it again and again",
+        (("sql/queries_delivery.sql", "ELSE %(reason)s || ' after: ' || retired_reason END", "ELSE retired_reason END",
+          1),),
+        (f"{PROBE}test_a_subscription_its_push_service_retired_is_renewed_once",),
+    ),
+    Mutant(
+        "hc1_renewal_not_rechecked_at_the_write",
+        "the renewal's write does not re-check the old row: two renewals at once both succeed",
+        (("sql/queries_delivery.sql", "AND (retired_at IS NULL OR starts_with(retired_reason, %(renewable)s))",
+          "AND true", 1),),
+        (f"{PROBE}test_two_renewals_of_one_subscription_at_once_one_wins",),
+    ),
+    Mutant(
+        "hc2_live_subscriptions_uncapped",
+        "POST /subscriptions adds any number of live subscriptions for one user",
+        (("gov/http/browser.py", "if live_count >= max_live:", "if False:", 1),),
+        (f"{PROBE}test_one_token_adds_at_most_the_cap_of_live_subscriptions",),
+    ),
+    Mutant(
+        "hc3_routes_strip_the_token_as_text",
+        "the routes strip the Authorization header as text (a Latin-1 NBSP too), the fast door as bytes",
+        (("gov/http/app.py", "        given = value.strip()\n",
+          '        given = value.decode("latin-1").strip().encode("latin-1")\n', 1),),
+        (f"{PROBE}test_every_door_reads_the_authorization_header_as_the_same_bytes",),
+    ),
+    Mutant(
+        "hc4_non_ascii_token_accepted",
+        "a GOV_API_TOKEN that is not printable ASCII is taken at start",
+        (("gov/http/app.py", "not (secret.strip().isascii() and secret.strip().isprintable()):", "False:", 1),),
+        (f"{PROBE}test_a_token_that_is_not_printable_ascii_is_refused_at_start",),
+    ),
+    Mutant(
+        "hc5_quotes_unclipped",
+        "a refusal quotes its input whole (up to the line's own cap)",
+        (("gov/http/refusals.py", "clipped = _LONG_QUOTE.sub(cut, message)", "clipped = message", 1),),
+        (f"{PROBE}test_a_refusal_quotes_a_long_input_cut_short",),
+    ),
+    Mutant(
+        "hc6_error_reports_limited_after_the_body",
+        "the /events/errors bucket is not taken before the body: malformed reports are never 429",
+        (("gov/http/app.py", 'limit: RateLimit | None = getattr(self.endpoint, "gov_rate_limit", None)',
+          "limit: RateLimit | None = None", 1),),
+        (f"{PROBE}test_malformed_worker_error_reports_take_from_the_bucket_too",),
+    ),
+    Mutant(
+        "hc7_localtime_taken",
+        "timeZone localtime (the database host's /etc/localtime) is taken",
+        (("gov/users.py", "if time_zone in HOST_ZONES:", "if False:", 1),),
+        (f"{PROBE}test_localtime_is_not_a_time_zone",),
     ),
 ]
 
