@@ -209,23 +209,29 @@ class Dispatcher:
         return self._shard_keys
 
     def claim(self, limit: int, ids: list[int] | None = None, shard_keys: list[str] | None = None) -> list[_Claimed]:
-        """Claim up to ``limit`` due rows of one shard: the next shard in this runner's walk
-        that has any (``shard_keys``: only those shards, e.g. a user's own id). Empty when
-        no shard has a row due: SKIP LOCKED holds within a shard only, so a claim never
-        spans two."""
+        """Claim up to ``limit`` due rows, shard after shard in this runner's walk until there
+        are ``limit`` or every shard was asked once (``shard_keys``: only those shards, e.g.
+        a user's own id; one server has one). Empty when no shard has a row due.
+
+        Each shard's claim is its own statement (SKIP LOCKED holds within a shard only); a
+        batch gathers them so that its rows are sent together, as one server's are: a batch
+        of one shard at a time sent a cluster's shards one after another, each waiting out
+        its slowest endpoint, and retried in one ``--once`` what fell due meanwhile (an
+        outside probe: 97 s and six attempts an endpoint where one server took 2.4 s and one)."""
         keys: list[str | None] = list(shard_keys) if shard_keys is not None else self.shard_keys()
+        claimed: list[_Claimed] = []
         for step in range(len(keys)):
             at = (self._shard_at + step) % len(keys)
-            rows = self.source.execute(
+            claimed += self.source.execute(
                 q("claim_outbox"),
-                {"shard_key": keys[at], "worker": self.name, "limit": limit, "lease_ms": self.lease_ms,
-                 "now": self._now(), "ids": ids},
+                {"shard_key": keys[at], "worker": self.name, "limit": limit - len(claimed),
+                 "lease_ms": self.lease_ms, "now": self._now(), "ids": ids},
                 row_factory=class_row(_Claimed),
             )
-            if rows:
+            if len(claimed) >= limit:
                 self._shard_at = at + 1  # the next claim starts at the next shard: all are served
-                return rows
-        return []
+                break
+        return claimed
 
     def run_once(
         self, ids: list[int] | None = None, stop: threading.Event | None = None, shard_keys: list[str] | None = None

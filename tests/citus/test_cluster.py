@@ -235,3 +235,37 @@ def test_a_users_own_cap_lowers_and_never_raises_on_the_cluster(db_url: str, con
         with Governor(db_url) as g:
             first, second = (g.decide(Message(user_id=user, id=f"m{i}", tier="P2")) for i in (1, 2))
         assert first.allowed and (second.allowed, second.reason) == (False, "cap_86400000ms")
+
+
+def test_one_drain_sends_a_cluster_s_due_rows_together_and_each_once(
+    db_url: str, push: PushService, signer: Any, conn: psycopg.Connection[Any]
+) -> None:
+    """An outside probe: endpoints that never answer, one user on each of eight shards.
+    A batch held one shard's rows: the shards were sent one after another, each waiting
+    out its timeout, and the drain outlasted the first backoffs and sent every row again
+    (six requests an endpoint in one `--once`, 97 s, where one server sent one in 2.4 s).
+    A batch now gathers the due rows of every shard, as one server's."""
+    from gov.delivery.runner import Dispatcher
+
+    users: dict[int, str] = {}
+    for i in range(400):
+        (shard,) = conn.execute("SELECT get_shard_id_for_distribution_column('gov.users', %s::text)",
+                                (f"h{i}",)).fetchone()  # type: ignore[misc]
+        users.setdefault(shard, f"h{i}")
+        if len(users) == 8:
+            break
+    browsers = []
+    with Governor(db_url, allow_loopback_http=True) as governor:
+        for user in users.values():
+            browser = push.subscribe(user)
+            push.script(browser, ["hang"])
+            governor.subscribe(user, browser.info)
+            governor.send(Message(user_id=user, id="m", tier="P1", title="t"), deliver=False)
+            browsers.append(browser)
+    with Dispatcher(db_url, signer, workers=8, timeout_s=1.0, lease_s=30.0, allow_loopback_http=True) as runner:
+        runner.run_once()
+    # one attempt a row (the push service may not have read a request cut off by the timeout)
+    assert conn.execute("SELECT array_agg(DISTINCT attempts) FROM gov.outbox").fetchone() == ([1],)
+    per_row = conn.execute("SELECT count(*) FROM gov.delivery_attempts GROUP BY outbox_id").fetchall()
+    assert per_row == [(1,)] * 8
+    assert max(len(push.requests_for(b)) for b in browsers) <= 1

@@ -1273,6 +1273,13 @@ MUTANTS = [
         (("gov/users.py", "if time_zone in HOST_ZONES:", "if False:", 1),),
         (f"{PROBE}test_localtime_is_not_a_time_zone",),
     ),
+    Mutant(
+        "cd1_batch_of_one_shard",
+        "a runner's batch holds one shard's rows: a cluster's shards are sent one after another",
+        (("gov/delivery/runner.py", "            if len(claimed) >= limit:", "            if claimed:", 1),),
+        ("-m", "citus",
+         "tests/citus/test_cluster.py::test_one_drain_sends_a_cluster_s_due_rows_together_and_each_once"),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
