@@ -96,6 +96,12 @@ _HEAD_TOO_LARGE = (f'{{"error":"the request line and headers are over {MAX_HEAD_
 _BODY_TOO_SLOW = b'{"error":"the request body did not arrive in time"}'
 
 
+#: Chunk framing a body may carry per byte of its own: a chunk of one byte takes six
+#: ("1\r\nx\r\n"); beyond that (and a head's worth of trailers) a client sends the parser
+#: bytes it only buffers.
+FRAMING_PER_BYTE = 8
+
+
 def _refusal(status: bytes, body: bytes) -> bytes:
     return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
@@ -115,7 +121,8 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
 
     limits = Limits()
     #: The sweep's clock (loop.time() at its last tick): a request reads it, and never the clock
-    #: itself; the sweep compares against the same clock, so a deadline is off by a tick at most.
+    #: itself. It may be a tick old, so every deadline from it gets one tick more: never early
+    #: (an outside probe saw a 408 at 14.1 s of a 15 s body timeout), at most two ticks late.
     now = 0.0
     refused = EveryInterval()  # connections over the cap
     refused_requests = EveryInterval()  # requests uvicorn cannot parse or upgrade
@@ -126,6 +133,12 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
         self._head_room: int | None = MAX_HEAD_BYTES
         self._headers_left = MAX_HEADERS
         self._head_bytes_left = MAX_HEAD_BYTES
+        # a body's bytes as read and as the parser hands them over: the rest is chunk framing
+        # and trailers, which the parser buffers whole (an endless trailer line held 110 MB)
+        self._body_read = self._body_given = 0
+
+    def _from_now(self, seconds: float) -> float:
+        return self.now + seconds + self.limits.tick
 
     @classmethod
     def with_limits(cls, limits: Limits) -> type[GuardedHttpToolsProtocol]:
@@ -153,15 +166,24 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
             # the first bytes after a complete request: the next one's head, timed from here (the
             # first request's from the connection; one that begins in the same read as the body
             # before it ends is timed from the next read, or closed idle by uvicorn's keep-alive)
-            self._deadline = self.now + self.limits.header_timeout
+            self._deadline = self._from_now(self.limits.header_timeout)
         room = self._head_room
         if room is None or len(data) <= room:  # a body, or a head with room for all of it: as uvicorn does
             if room is not None:
                 self._head_room = room - len(data)
+            else:
+                self._body_read += len(data)
             try:
                 self.parser.feed_data(data)
             except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
                 self._parser_stopped(exc)
+                return
+            if (self._head_room is None  # still the same body: framing and trailers within a head's bound
+                    and self._body_read - self._body_given > MAX_HEAD_BYTES + FRAMING_PER_BYTE * self._body_given):
+                if self.cycle is not None and self.cycle.response_started:
+                    self.transport.close()  # answered already (a 401 before the body): nothing more to say
+                else:
+                    self._refuse_head()
             return
         # more than the head may still take: feed what it may, and see whether the head ended there
         self._head_room = 0
@@ -224,11 +246,22 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_room = None
-        self._deadline = self.now + self.limits.body_timeout
+        self._body_read = self._body_given = 0
+        self._deadline = self._from_now(self.limits.body_timeout)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_given += len(body)
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        self._deadline = None
+        # While the app works on the request, no deadline. But one answered before its body
+        # had all come (a 401 before the body, /healthz with a Content-Length) has no
+        # keep-alive timer either (uvicorn starts it at the answer, and the body's bytes
+        # stopped it): the next head is timed from here, or an idle client held the
+        # connection for good (an outside probe filled --max-connections that way).
+        answered = self.cycle is not None and self.cycle.response_complete
+        self._deadline = self._from_now(self.limits.header_timeout) if answered else None
         self._head_room = self._head_bytes_left = MAX_HEAD_BYTES
         self._headers_left = MAX_HEADERS
         super().on_message_complete()

@@ -178,6 +178,58 @@ def test_a_client_that_takes_its_time_between_requests_is_not_cut_mid_request(
 # ---------------------------------------------------------------- the header block
 
 
+def test_a_request_answered_before_its_body_came_is_not_held_open_after_it(start: Callable[..., Server]) -> None:
+    """A second probe: a 401 answered before the body is read (or /healthz with a
+    Content-Length), then the body, then nothing: no deadline and no keep-alive timer were
+    left, so the connection stayed open for good and fifty of them filled the cap."""
+    server = start("--header-timeout", "1", "--body-timeout", "1")
+    with server.connect() as sock:
+        sock.sendall(b"POST /internal/send HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 401")
+        sock.sendall(b"{}   ")
+        assert b"HTTP" not in closed(sock)  # closed once the next head did not come
+    with server.connect() as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"x")
+        closed(sock)
+    assert healthz(server).startswith(b"HTTP/1.1 200")
+
+
+def test_an_endless_trailer_is_not_buffered(start: Callable[..., Server]) -> None:
+    """A chunked body's trailer line that never ends was fed to the parser uncounted (110 MB
+    in 12 s, /healthz slowed): it is bounded like a head, 431 and closed."""
+    server = start()
+    with server.connect() as sock:
+        sock.sendall(send_head(b"", b"").replace(b"Content-Length: 0\r\n", b"Transfer-Encoding: chunked\r\n")
+                     + b"0\r\nX-Trailer: ")
+        sent, answer = 0, b""
+        try:
+            while sent < 4 * 1024 * 1024:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+                if select.select([sock], [], [], 0)[0]:
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = closed(sock)
+        assert sent < 4 * 1024 * 1024, "the server read 4 MiB of one trailer line"
+        assert answer.startswith(b"HTTP/1.1 431") or answer == b"", answer[:200]
+    assert healthz(server).startswith(b"HTTP/1.1 200")
+
+
+def test_a_body_in_one_byte_chunks_is_still_a_body(start: Callable[..., Server]) -> None:
+    """The bound on framing leaves room for the smallest chunks a client may send."""
+    server = start()
+    # 8,000 characters: the app reads it whole and answers for it (too big for a push: 422)
+    body = json.dumps({"userId": "u9", "tier": "P0", "id": "m9", "title": "t" * 8000}).encode()
+    chunked = b"".join(b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n"
+    head = send_head(b"", b"Connection: close\r\n").replace(b"Content-Length: 0\r\n",
+                                                             b"Transfer-Encoding: chunked\r\n")
+    answer = request(server, head + chunked)
+    assert answer.startswith(b"HTTP/1.1 422") and b"payload" in answer, answer[:300]
+
+
 def test_a_header_block_over_the_limit_is_a_431(start: Callable[..., Server]) -> None:
     server = start()
     big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1024) + b"\r\n\r\n"

@@ -1280,6 +1280,26 @@ MUTANTS = [
         ("-m", "citus",
          "tests/citus/test_cluster.py::test_one_drain_sends_a_cluster_s_due_rows_together_and_each_once"),
     ),
+    Mutant(
+        "gw1_answered_early_held_open",
+        "a request answered before its body came leaves its connection without a deadline, held for good",
+        (("gov/http/wire.py", "        answered = self.cycle is not None and self.cycle.response_complete\n",
+          "        answered = False\n", 1),),
+        (f"{LIMITS}test_a_request_answered_before_its_body_came_is_not_held_open_after_it",),
+    ),
+    Mutant(
+        "gw2_trailers_uncounted",
+        "a chunked body's trailers are fed to the parser uncounted: an endless one is buffered",
+        (("gov/http/wire.py", "            if (self._head_room is None  # still the same body",
+          "            if (False  # still the same body", 1),),
+        (f"{LIMITS}test_an_endless_trailer_is_not_buffered",),
+    ),
+    Mutant(
+        "gw3_framing_bound_too_tight",
+        "the bound on chunk framing refuses a body sent in one-byte chunks",
+        (("gov/http/wire.py", "FRAMING_PER_BYTE = 8", "FRAMING_PER_BYTE = 1", 1),),
+        (f"{LIMITS}test_a_body_in_one_byte_chunks_is_still_a_body",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
