@@ -226,7 +226,12 @@ def test_a_body_in_one_byte_chunks_is_still_a_body(start: Callable[..., Server])
     chunked = b"".join(b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n"
     head = send_head(b"", b"Connection: close\r\n").replace(b"Content-Length: 0\r\n",
                                                              b"Transfer-Encoding: chunked\r\n")
-    answer = request(server, head + chunked)
+    with server.connect() as sock:  # in pieces, as a slow link delivers it: the bound is checked mid-body
+        sock.sendall(head)
+        for i in range(0, len(chunked), 2048):
+            sock.sendall(chunked[i:i + 2048])
+            time.sleep(0.002)
+        answer = closed(sock)
     assert answer.startswith(b"HTTP/1.1 422") and b"payload" in answer, answer[:300]
 
 
