@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from gov.errors import InvalidMessage
 
@@ -51,6 +52,21 @@ def _check_text(name: str, value: object, *, required: bool) -> None:
         raise InvalidMessage(f"{name} is not valid Unicode text (a lone surrogate)")
 
 
+def _check_url(url: str) -> None:
+    """The click's URL: an http(s) URL or a path the worker resolves against its scope.
+    Any other scheme (javascript:, data:) or a URL that does not parse (http://[) is
+    refused: the worker would open it, or throw before the click is counted."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in url):
+        raise InvalidMessage("url must not contain control characters")
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        raise InvalidMessage(f"url is not a URL: {exc}") from None
+    if parts.scheme and parts.scheme.lower() not in ("http", "https"):
+        raise InvalidMessage(f"url must be http(s) or a path, not {parts.scheme.lower()}:")
+
+
 @dataclass(frozen=True)
 class Message:
     """One notification for one user.
@@ -85,6 +101,8 @@ class Message:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "\x00" in value or not is_utf8(value)):
                 raise InvalidMessage(f"{name} must be valid Unicode text without NUL bytes")
+        if self.url is not None:
+            _check_url(self.url)
         if self.ttl is not None and (
             isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not MIN_TTL_S <= self.ttl <= MAX_TTL_S
         ):

@@ -265,9 +265,10 @@ class Subscribed(Body):
 
 
 class WorkerError(Body):
-    """gov-sw.js reports what it could not do (a payload it could not read); counted, never stored."""
+    """gov-sw.js reports what it could not do (a payload it could not read, a renewal that
+    failed); counted by kind, never stored."""
 
-    kind: Literal["payload"]
+    kind: Literal["payload", "renewal"]  # a push it could not read; a pushsubscriptionchange gov did not take
     detail: Annotated[str, Field(max_length=200)] | None = None
     message_id: Id | None = None
     # what the worker could read of the push, echoed: a token given must be valid (403 otherwise)

@@ -347,3 +347,55 @@ def test_demo_page_reaches_the_real_push_manager(
                       "permission": "granted"}]
     assert "subscribe failed" in browser.log()
     assert conn.execute("SELECT count(*) FROM gov.subscriptions").fetchone() == (0,)
+
+
+def test_a_click_opens_only_an_http_url_and_is_counted_whatever_the_url(
+    open_browser: Callable[..., Browser], push_service: PushService, gov_server: Server,
+    conn: psycopg.Connection[Any],
+) -> None:
+    """An outside probe: a push's javascript: or data: url went to clients.openWindow, and one
+    the browser cannot parse ("http://[") threw before the click was counted. gov refuses such
+    URLs when sending; a payload not from gov opens the worker's scope, and the click counts."""
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()
+    urls = ["javascript:alert(1)", "http://[", "data:text/html,x"]
+    for n, url in enumerate(urls):
+        api(gov_server, "/internal/send", {"userId": USER, "tier": "P0", "id": f"u{n}", "title": f"U{n}"})
+        browser.deliver(signed_payload(conn, f"U{n}", f"u{n}", url, f"u{n}"))
+    browser.notifications(3)
+    result = browser.worker().evaluate("""async () => {
+        const opened = [];
+        self.clients.openWindow = async (u) => { opened.push(u); return null; };
+        let shown = [];
+        for (let i = 0; i < 200 && shown.length < 3; i++) {
+            shown = await self.registration.getNotifications();
+            if (shown.length < 3) await new Promise((r) => setTimeout(r, 25));
+        }
+        for (const n of shown) await self.gov.onClick({ notification: n });
+        return { opened, scope: self.registration.scope };
+    }""")
+    assert result["opened"] == [result["scope"]] * 3
+    rows = wait_rows(conn, EVENTS, {}, 6, browser.page)
+    assert sorted(r[1] for r in rows if r[2] == "click") == ["u0", "u1", "u2"]
+
+
+def test_a_renewal_that_fails_is_reported_not_thrown(
+    open_browser: Callable[..., Browser], push_service: PushService,
+) -> None:
+    """An outside probe: a pushsubscriptionchange gov refused (or the push service did) rejected
+    unhandled, and the browser stayed on a subscription gov does not know, unreported."""
+    browser = open_browser(push_service.subscribe().info)
+    browser.subscribe()
+    reports = browser.worker().evaluate("""async () => {
+        const reports = [];
+        const realFetch = self.fetch;
+        self.fetch = async (url, init) => {
+            if (String(url).endsWith('/events/errors')) reports.push(JSON.parse(init.body));
+            return realFetch(url, init);
+        };
+        self.registration.pushManager.subscribe = async () => { throw new Error('Registration failed'); };
+        await self.gov.onSubscriptionChange({ oldSubscription: null, newSubscription: null });  // resolves
+        self.fetch = realFetch;
+        return reports;
+    }""")
+    assert [(r["kind"], r["detail"]) for r in reports] == [("renewal", "Registration failed")]

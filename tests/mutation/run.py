@@ -57,6 +57,8 @@ BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
 BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
 BACKFILL_OWN_OFF = "AND m.decided_at <= v_now\n    ;"
 QUIET_CROSSING = "AND ((c.at - interval '15 minutes') AT TIME ZONE p_tz) < p_local"
+SW_SCHEMES = "      if (target.protocol === 'https:' || target.protocol === 'http:') return target.href;"
+SW_RENEWAL_REPORT = "      await reportError(e && e.message ? e.message : e, {}, 'renewal').catch(() => {});"
 PRUNE_GUARD = "    IF p_margin IS NULL OR p_margin < interval '0' OR"
 SUBSCRIBE_V1_DROP = "DROP FUNCTION gov.subscribe_v1(text, text, text, text);\n"
 
@@ -1299,6 +1301,31 @@ MUTANTS = [
         "the bound on chunk framing refuses a body sent in one-byte chunks",
         (("gov/http/wire.py", "FRAMING_PER_BYTE = 8", "FRAMING_PER_BYTE = 1", 1),),
         (f"{LIMITS}test_a_body_in_one_byte_chunks_is_still_a_body",),
+    ),
+    Mutant(
+        "sw1_click_opens_any_scheme",
+        "a click opens the push's javascript: or data: url",
+        (("gov/http/static/gov-sw.js", SW_SCHEMES, "      return target.href;", 1),),
+        ("tests/browser/test_worker.py::test_a_click_opens_only_an_http_url_and_is_counted_whatever_the_url",),
+    ),
+    Mutant(
+        "sw2_unreadable_url_throws",
+        "a click on a push whose url the browser cannot parse throws before the click is counted",
+        (("gov/http/static/gov-sw.js", "    } catch (e) { /* not a URL: the scope */ }",
+          "    } finally { /* not a URL: the scope */ }", 1),),
+        ("tests/browser/test_worker.py::test_a_click_opens_only_an_http_url_and_is_counted_whatever_the_url",),
+    ),
+    Mutant(
+        "sw3_renewal_failure_thrown",
+        "a failed renewal rejects unhandled and is reported nowhere",
+        (("gov/http/static/gov-sw.js", SW_RENEWAL_REPORT, "      throw e;", 1),),
+        ("tests/browser/test_worker.py::test_a_renewal_that_fails_is_reported_not_thrown",),
+    ),
+    Mutant(
+        "url1_any_click_url",
+        "a message's url may be javascript:, data: or not a URL at all",
+        (("gov/message.py", "        if self.url is not None:\n            _check_url(self.url)\n", "", 1),),
+        ("tests/unit/test_message_url.py",),
     ),
 ]
 

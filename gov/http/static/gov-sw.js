@@ -95,9 +95,9 @@
     if (event === 'display') await keepLast(one, at).catch(() => {});
     await post(who.events || config.events, Object.assign({ userId: who.userId, event }, one));
   }
-  async function reportError(detail, data) {
+  async function reportError(detail, data, kind = 'payload') {
     const who = await me();
-    const body = { kind: 'payload', detail: String(detail).slice(0, 200) };
+    const body = { kind, detail: String(detail).slice(0, 200) };
     if (data && typeof data.id === 'string') body.messageId = data.id;
     const one = delivery(data);
     if (one && who.userId) Object.assign(body, one, { userId: who.userId }); // where the push had a token
@@ -135,7 +135,8 @@
     const data = msg.data && typeof msg.data === 'object' ? msg.data : {};
     await self.registration.showNotification(msg.title, {
       body: typeof msg.body === 'string' ? msg.body : '',
-      tag: typeof msg.tag === 'string' && msg.tag ? msg.tag : undefined, // same tag: replaces, not stacks
+      // same tag: replaces, not stacks (gov always sends one; else the message id, as gov's would be)
+      tag: typeof msg.tag === 'string' && msg.tag ? msg.tag : (typeof data.id === 'string' && data.id) || undefined,
       icon: msg.icon || config.icon,
       badge: msg.badge || config.badge,
       data, // url, tier and id come back in notificationclick and notificationclose
@@ -144,10 +145,20 @@
   }
 
   // ------------------------------------------------------------ click: count it, then focus or open
+  // Where a click goes: the push's url, resolved against the scope, if it is an http(s) URL the
+  // browser can read; else the scope (gov refuses other URLs when sending; a payload not from
+  // gov must not open javascript:, data: or a URL that throws before the click is counted).
+  function clickTarget(url) {
+    try {
+      const target = new URL(typeof url === 'string' && url ? url : self.registration.scope, self.registration.scope);
+      if (target.protocol === 'https:' || target.protocol === 'http:') return target.href;
+    } catch (e) { /* not a URL: the scope */ }
+    return self.registration.scope;
+  }
   async function onClick(event) {
     const data = event.notification.data || {};
     event.notification.close(); // a clicked notification goes away (no close event for it)
-    const target = new URL(data.url || self.registration.scope, self.registration.scope).href;
+    const target = clickTarget(data.url);
     const windows = await self.clients.matchAll({ type: 'window', includeUncontrolled: true });
     const open = windows.find((w) => w.url === target);
     await Promise.all([
@@ -162,7 +173,16 @@
   }
 
   // ------------------------------------------------------------ the push service replaced the subscription
+  // A renewal that fails (gov refuses the proof, the push service refuses to subscribe) leaves
+  // the browser on a subscription gov does not know: reported, not thrown into the void.
   async function onSubscriptionChange(event) {
+    try {
+      await renew(event);
+    } catch (e) {
+      await reportError(e && e.message ? e.message : e, {}, 'renewal').catch(() => {});
+    }
+  }
+  async function renew(event) {
     const who = await me();
     const old = event.oldSubscription ? event.oldSubscription.toJSON() : { endpoint: who.endpoint, keys: { auth: who.auth } };
     if (!old.endpoint || !old.keys || !who.subscriptions) return; // never subscribed through gov.js
