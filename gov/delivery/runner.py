@@ -34,7 +34,9 @@ fault of the rows (WEBPUSH.md: "stop that origin"): after ``ORIGIN_STOP_AFTER`` 
 answers in a row from an origin that accepted nothing in the last ``ORIGIN_OK_MEMORY_S``,
 this runner sends it nothing for ``ORIGIN_STOP_S``; the rows are handed back unsent, due
 again then, until their deadline. An origin that accepted a request lately is working:
-a refusal there is one subscription's, and its row backs off alone.
+a refusal there is one subscription's (made for another VAPID key), and its row backs off
+alone; at the ``SUBSCRIPTION_RETIRE_AFTER``-th such refusal in this runner's life the
+subscription is retired as a 404/410 would retire it (recorded ``gone`` with its status).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ DEFAULT_BACKOFF_CAP_MS = 300_000  # never wait more than five minutes between re
 ORIGIN_STOP_AFTER = 3  # 401/403 answers in a row from an origin that accepted nothing lately
 ORIGIN_STOP_S = 60.0  # then nothing is sent to it for this long: a probe a minute, not a flood
 ORIGIN_OK_MEMORY_S = 300.0  # an origin that accepted a request this recently is not stopped
+SUBSCRIPTION_RETIRE_AFTER = 3  # 401/403 answers to one subscription while its origin accepts others
 
 
 @dataclass
@@ -175,6 +178,8 @@ class Dispatcher:
         self._origins: dict[str, list[Any]] = {}
         self._origins_lock = threading.Lock()
         self._stops_until = 0.0  # the latest end of any origin's stop: a row pays the check only then
+        # subscription id -> its 401/403 answers while its origin accepted others, for this runner's life
+        self._refused_subscriptions: dict[int, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gov-dispatch") if workers > 1 else None
         # the shards this runner walks (one, None, on a single server; sql/schema/70_scale_out.sql)
         self._shard_keys: list[str | None] | None = None
@@ -400,7 +405,13 @@ class Dispatcher:
                 attempt = self._deliver_one(row)
                 attempts.append(attempt)
                 if attempt["outcome"] in ("accepted", "unauthorized"):
-                    self._note_origin(attempt["origin"], attempt["outcome"] == "accepted", attempt["status"])
+                    own = self._note_origin(attempt["origin"], attempt["outcome"] == "accepted", attempt["status"])
+                    if own and self._subscription_refused(row.subscription_id):
+                        attempt = {**attempt, "outcome": "gone", "error": (
+                            f"retired: the push service answered {attempt['status']} to this subscription"
+                            f" {SUBSCRIPTION_RETIRE_AFTER} times while accepting others at {attempt['origin']}"
+                            " (made for another VAPID key?)")}
+                        attempts[-1] = attempt
                 if attempt["outcome"] == "gone":
                     gone = {**attempt, "message_id": row.message_id}
                     self._gone_now[(row.subscription_id, row.endpoint)] = gone  # for a batch claimed before
@@ -428,19 +439,21 @@ class Dispatcher:
                " check the VAPID key and subject")
         return origin, max(1, int(left * 1000)), why
 
-    def _note_origin(self, origin: str, accepted: bool, status: int | None) -> None:
+    def _note_origin(self, origin: str, accepted: bool, status: int | None) -> bool:
         """Count an origin's 401/403 answers since its last acceptance; stop it when they say
-        the key or subject is refused across the origin."""
+        the key or subject is refused across the origin. True for a 401/403 from an origin
+        that accepted a request lately: the subscription's own refusal."""
         now = time.monotonic()
         with self._origins_lock:
             state = self._origins.setdefault(origin, [0, None, 0.0])
             if accepted:
                 state[0], state[1] = 0, now
-                return
+                return False
             state[0] += 1
-            if (state[0] < ORIGIN_STOP_AFTER or state[2] > now
-                    or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)):
-                return
+            if state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S:
+                return True
+            if state[0] < ORIGIN_STOP_AFTER or state[2] > now:
+                return False
             state[2] = now + ORIGIN_STOP_S
             self._stops_until = max(self._stops_until, state[2])
             refused = state[0]
@@ -449,6 +462,17 @@ class Dispatcher:
             " to it for %d s (check GOV_VAPID_PRIVATE_KEY and GOV_VAPID_SUBJECT)",
             origin, status, refused, ORIGIN_STOP_S, extra={"action": "origin_stopped"},
         )
+        return False
+
+    def _subscription_refused(self, subscription_id: int) -> bool:
+        """One more 401/403 for a subscription while its origin accepts others (WEBPUSH.md: "on one
+        subscription only while others succeed: retire after repeats"); True at the last repeat."""
+        with self._origins_lock:
+            count = self._refused_subscriptions.get(subscription_id, 0) + 1
+            if len(self._refused_subscriptions) > 100_000:  # bounded, for a runner that runs for months
+                self._refused_subscriptions.clear()
+            self._refused_subscriptions[subscription_id] = count
+        return count >= SUBSCRIPTION_RETIRE_AFTER
 
     def _deliver_one(self, row: _Claimed) -> dict[str, Any]:
         """Send one claimed row; return its attempt, recorded with the batch's.

@@ -254,6 +254,32 @@ def test_refusals_while_the_origin_accepts_are_the_subscriptions_own(
     assert conn.execute("SELECT count(*) FROM gov.outbox WHERE state = 'delivered'").fetchone() == (2,)
 
 
+def test_a_subscription_refused_again_and_again_while_its_origin_accepts_is_retired(
+    gov: Governor, push: PushService, clock: Clock, tmp_path: Path, db_url: str, signer: VapidSigner,
+    conn: psycopg.Connection[Any],
+) -> None:
+    """WEBPUSH.md: 401/403 "on one subscription only while others succeed: retire after
+    repeats". Its third refusal retires it, as a 410 would."""
+    from gov.delivery.runner import Dispatcher
+
+    stranger = generate_keypair(tmp_path / "another.pem")
+    gov.subscribe("good", push.subscribe().info)
+    gov.send(p2("good", "m"), deliver=False)
+    old = push.subscribe(application_server_key=stranger)
+    gov.subscribe("old", old.info)
+    for k in range(4):
+        gov.send(Message(user_id="old", id=f"o{k}", tier="P0", title="t"), deliver=False)
+    with Dispatcher(db_url, signer, workers=1, clock=clock, allow_loopback_http=True) as runner:
+        runner.run_once()  # in claim order: good (accepted), then the old subscription's four
+    assert [r.status for r in push.requests_for(old)] == [403, 403, 403]  # the fourth is not sent
+    assert conn.execute("SELECT retired_reason FROM gov.subscriptions WHERE user_id = 'old'").fetchone() == (
+        "push service answered 403",)
+    # every row still to do for it ends gone with it, the two refused before waiting to retry too
+    assert conn.execute("SELECT message_id, state FROM gov.outbox WHERE user_id = 'old' ORDER BY message_id"
+                        ).fetchall() == [("o0", "gone"), ("o1", "gone"), ("o2", "gone"), ("o3", "gone")]
+    assert conn.execute("SELECT state FROM gov.outbox WHERE user_id = 'good'").fetchall() == [("delivered",)]
+
+
 @pytest.mark.parametrize(
     ("subscription", "match"),
     [

@@ -1327,6 +1327,14 @@ MUTANTS = [
         (("gov/message.py", "        if self.url is not None:\n            _check_url(self.url)\n", "", 1),),
         ("tests/unit/test_message_url.py",),
     ),
+    Mutant(
+        "os3_refused_subscription_kept",
+        "a subscription refused again and again while its origin accepts others is never retired",
+        (("gov/delivery/runner.py", "        return count >= SUBSCRIPTION_RETIRE_AFTER\n",
+          "        return False\n", 1),),
+        ("tests/integration/test_delivery.py::"
+         "test_a_subscription_refused_again_and_again_while_its_origin_accepts_is_retired",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
