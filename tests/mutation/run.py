@@ -903,8 +903,8 @@ MUTANTS = [
     Mutant(
         "os2_origin_stopped_while_it_accepts",
         "an origin is stopped by three refusals of old subscriptions although it accepts others",
-        (("gov/delivery/runner.py", "or (state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S)",
-          "or False", 1),),
+        (("gov/delivery/runner.py", "            if state[1] is not None and now - state[1] < ORIGIN_OK_MEMORY_S:",
+          "            if False:", 1),),
         ("tests/integration/test_delivery.py::test_refusals_while_the_origin_accepts_are_the_subscriptions_own",),
     ),
     Mutant(
