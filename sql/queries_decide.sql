@@ -32,10 +32,12 @@ SELECT shard_key, user_ids FROM gov.shard_groups_v1(%(user_ids)s);
 
 -- name: send_batch
 -- Unrelated messages sent together (gov serve's grouped requests): one row per message,
--- by its ordinal (from 1) in the arrays.
+-- by its ordinal (from 1) in the arrays. The arrays go in binary (%b): psycopg writes a
+-- text array element by element through an escaping regex, about five times the CPU
+-- (183 against 34 µs for a batch of 16, the largest Python cost of gov serve's batch).
 SELECT ordinal, allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
-  FROM gov.send_batch_v1(%(shard_key)s, %(user_ids)s, %(message_ids)s, %(tiers)s, %(topics)s, %(campaign_ids)s,
-                         %(contents)s::jsonb[], %(collapse_keys)s, %(ttls)s::integer[], %(now)s);
+  FROM gov.send_batch_v1(%(shard_key)s, %(user_ids)b, %(message_ids)b, %(tiers)b, %(topics)b, %(campaign_ids)b,
+                         %(contents)b::jsonb[], %(collapse_keys)b, %(ttls)b::integer[], %(now)s);
 
 -- name: distributed
 -- True on a Citus cluster whose user tables are distributed (batches then go per shard).

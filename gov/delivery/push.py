@@ -567,6 +567,19 @@ def topic_for(collapse_key: str, secret: bytes) -> str:
     return b64url_encode(digest)[:32]
 
 
+# The longest payload build_payload can make of empty strings (``null`` where a value may
+# be absent, the longest beacon fields): every character of a field adds at most 6 bytes
+# (a control character's \u escape; UTF-8 takes at most 4).
+_EMPTY_PAYLOAD_BYTES = (len('{"title":"","body":"","tag":null,"data":{"url":null,"tier":"","id":""}}')
+                        + BEACON_FIELDS_BYTES)
+
+
+def surely_fits(*fields: str | None) -> bool:
+    """True when a payload of these fields (title, body, tag, url, tier, id) fits whatever
+    they hold; False means only that :func:`build_payload` must be asked (it measures)."""
+    return _EMPTY_PAYLOAD_BYTES + 6 * sum(len(f) for f in fields if f is not None) <= MAX_PAYLOAD_BYTES
+
+
 def build_payload(
     title: str,
     body: str,

@@ -1335,6 +1335,12 @@ MUTANTS = [
         ("tests/integration/test_delivery.py::"
          "test_a_subscription_refused_again_and_again_while_its_origin_accepts_is_retired",),
     ),
+    Mutant(
+        "pb3_payload_bound_too_generous",
+        "the send-time payload bound counts 5 bytes a character, so an oversize message passes",
+        (("gov/delivery/push.py", "_EMPTY_PAYLOAD_BYTES + 6 * sum(", "_EMPTY_PAYLOAD_BYTES + 5 * sum(", 1),),
+        ("tests/fuzz/test_fuzz_payload_bound.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
