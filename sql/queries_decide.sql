@@ -13,22 +13,22 @@ SELECT allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids
 
 -- name: decide_many
 SELECT user_id, allowed, action, reason, used, cap, retry_after_ms, repeated
-  FROM gov.decide_many_v2(%(shard_key)s, %(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s, %(now)s);
+  FROM gov.decide_many_v2(%(shard_key)s, %(user_ids)b, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s, %(now)s);
 
 -- name: send_many
 SELECT user_id, allowed, action, reason, repeated, outbox_ids
-  FROM gov.send_many_v2(%(shard_key)s, %(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+  FROM gov.send_many_v2(%(shard_key)s, %(user_ids)b, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
                         %(content)s, %(collapse_key)s, %(ttl)s, %(now)s);
 
 -- name: send_many_best
 -- send_many, each allowed user's delivery held to their best hour within %(within)s
 SELECT user_id, allowed, action, reason, repeated, outbox_ids, deliver_at, timing
-  FROM gov.send_many_best_v1(%(shard_key)s, %(user_ids)s, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
+  FROM gov.send_many_best_v1(%(shard_key)s, %(user_ids)b, %(message_id)s, %(tier)s, %(topic)s, %(campaign_id)s,
                              %(content)s, %(collapse_key)s, %(ttl)s, %(within)s, %(now)s);
 
 -- name: shard_groups
 -- An audience in per-shard groups, each with its shard key (one group on one server).
-SELECT shard_key, user_ids FROM gov.shard_groups_v1(%(user_ids)s);
+SELECT shard_key, user_ids FROM gov.shard_groups_v1(%(user_ids)b);
 
 -- name: send_batch
 -- Unrelated messages sent together (gov serve's grouped requests): one row per message,

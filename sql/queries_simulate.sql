@@ -7,7 +7,7 @@
 -- fixed order so the engagement draws never depend on which worker delivered first.
 -- Rows by the outbox's key, (user id, id): by id alone the key index is read whole.
 SELECT o.id, o.user_id, o.message_id, o.subscription_id, o.state
-  FROM unnest(%(users)s::text[], %(ids)s::bigint[]) AS k(user_id, id)
+  FROM unnest(%(users)b::text[], %(ids)b::bigint[]) AS k(user_id, id)
   JOIN gov.outbox o ON o.user_id = k.user_id AND o.id = k.id
  ORDER BY o.user_id, o.message_id, o.subscription_id;
 
@@ -180,8 +180,8 @@ SELECT m.tier, coalesce(c.collapse_key, '(no key)') AS key, count(*) AS expired
 -- no order between them matters); one round trip and one commit instead of one per event.
 -- Each at its own moment: with the hour effect a notification may show later than delivered.
 SELECT count(*)
-  FROM unnest(%(user_ids)s::text[], %(message_ids)s::text[], %(events)s::text[], %(subscription_ids)s::bigint[],
-              %(ats)s::timestamptz[]) AS x(u, m, e, s, t)
+  FROM unnest(%(user_ids)b::text[], %(message_ids)b::text[], %(events)b::text[], %(subscription_ids)b::bigint[],
+              %(ats)b::timestamptz[]) AS x(u, m, e, s, t)
  CROSS JOIN LATERAL gov.record_event_v1(x.u, x.m, x.e, x.s, x.t) AS r;
 
 -- name: sim_new_outbox
