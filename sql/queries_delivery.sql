@@ -7,9 +7,10 @@
 SELECT gov.subscribe_v2(%(user_id)s, %(endpoint)s, %(p256dh)s, %(auth)s);
 
 -- name: claim_outbox
+-- (The given rows' ids go in binary: psycopg writes a text array through a regex per id.)
 SELECT outbox_id, claim_token, user_id, message_id, tier, attempts, subscription_id, endpoint, p256dh, auth,
        content, collapse_key, ttl_s, urgency
-  FROM gov.claim_outbox_v3(%(shard_key)s, %(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)s);
+  FROM gov.claim_outbox_v3(%(shard_key)s, %(worker)s, %(limit)s, %(lease_ms)s, %(now)s, %(ids)b);
 
 -- name: record_attempts
 SELECT outbox_id, state FROM gov.record_attempts_v3(%(worker)s, %(attempts)s, %(max_attempts)s, %(backoff_ms)s,
