@@ -223,6 +223,10 @@ def test_http_bench_smoke(pg_server: str, tmp_path: Path, client: str) -> None:
         assert c["non_200"] == 0 and c["invalid"] == 0 and c["fill"]["non_200"] == 0, (name, c)
         assert c["fill"]["allowed"] == 100 and c["fill"]["requests"] == 100, (name, c["fill"])
         assert c["allowed"] == 0 and c["refused"] == run["requests"], (name, c)
+        # each round's server CPU a request, from the contender's own processes
+        (cpu,) = c["cpu_us_per_request"]
+        assert cpu["server"] is not None and cpu["server"] > 0, (name, cpu)
+    assert "CPU µs/request: server + store" in r.stdout
     assert contenders["gov_serve"]["check"].startswith("ok: no user over a cap"), contenders["gov_serve"]
     assert contenders["gov_serve"]["x_baseline"] is None  # no --http-baseline
     assert report["failures"] == []

@@ -1341,6 +1341,12 @@ MUTANTS = [
         (("gov/delivery/push.py", "_EMPTY_PAYLOAD_BYTES + 6 * sum(", "_EMPTY_PAYLOAD_BYTES + 5 * sum(", 1),),
         ("tests/fuzz/test_fuzz_payload_bound.py",),
     ),
+    Mutant(
+        "cq1_http_bench_cpu_unreported",
+        "gov bench --http no longer reports each contender's server CPU per request",
+        (("gov/lab/bench/http.py", "        settings=settings, cpu=cpu,\n", "        settings=settings,\n", 1),),
+        ("tests/acceptance/test_bench.py::test_http_bench_smoke",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

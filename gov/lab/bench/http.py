@@ -123,6 +123,13 @@ class HttpReport:
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     settings: dict[str, Any] = field(default_factory=dict)
+    # contender -> per round, server CPU µs a request: (its server process or processes, its
+    # store: PostgreSQL's whole server, or redis-server), None where it cannot be read
+    cpu: dict[str, list[tuple[float | None, float | None]]] = field(default_factory=dict)
+
+    def cpu_median(self, contender: str, part: int) -> float | None:
+        values = [x for r in self.cpu.get(contender, []) if (x := r[part]) is not None]
+        return float(statistics.median(values)) if values else None
 
     def median(self, contender: str, attribute: str = "per_second") -> float:
         values = [getattr(r, attribute) for r in self.runs.get(contender, [])]
@@ -162,6 +169,10 @@ class HttpReport:
                     "x_seeds_server": None if (x := self.x_seeds(c)) is None else round(x, 4),
                     "x_baseline": None if (b := self.x_baseline(c)) is None else round(b, 4),
                     "rounds": [r.as_json() for r in self.runs[c]],
+                    "cpu_us_per_request": [
+                        {"server": None if a is None else round(a, 1), "store": None if b is None else round(b, 1)}
+                        for a, b in self.cpu.get(c, [])
+                    ],
                     "fill": self.fills[c].as_json(),
                     "check": self.checks.get(c),
                 }
@@ -229,6 +240,10 @@ class ChildServer:
                 self.port = int(m.group(1))
                 self._announced.set()
         self._announced.set()  # end of output: the child is gone
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def last_words(self) -> str:
         """The child's last lines of output, as one line."""
@@ -796,6 +811,7 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
         client = LoadClient(cfg.client, token, cfg.connections, cfg.users, workdir)
 
         # the seeds' server: node, its dependency and a private redis-server, or one line why not
+        endpoints = None
         node = shutil.which("node")
         modules, how = seed_server_modules(progress)
         redis_server = redis_server_path()
@@ -846,13 +862,18 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
             servers[c].check_alive()
             progress(f"{c}: filled at {fills[c].per_second:,.0f} requests/s")
 
+        # whose CPU each contender's rounds spend: its server process(es) and its store
+        meters = {c: _Meter(servers[c].pid, _store_pid(c, dsns, endpoints)) for c in contenders}
         load_before = os.getloadavg()
         runs: dict[str, list[Run]] = {c: [] for c in contenders}
+        cpu: dict[str, list[tuple[float | None, float | None]]] = {c: [] for c in contenders}
         for r in range(cfg.rounds):
             order = contenders if r % 2 == 0 else contenders[::-1]
             for c in order:
                 progress(f"{c} (round {r + 1} of {cfg.rounds})")
+                meters[c].start()
                 result = client.run(servers[c].port, cfg.seconds, f"r{r}-{c}")
+                cpu[c].append(meters[c].per_request(result.requests))
                 servers[c].check_alive()
                 runs[c].append(result)
                 progress(f"{c}: {result.per_second:,.0f} requests/s, p99 {result.p99_ms:.2f} ms")
@@ -889,8 +910,54 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
     return HttpReport(
         contenders=contenders, runs=runs, fills=fills, client=client.name, ceiling=ceiling, ceiling_server=canned_name,
         skipped=skipped, checks=checks, failures=failures, load_before=load_before, load_after=load_after,
-        settings=settings,
+        settings=settings, cpu=cpu,
     )
+
+
+class _Meter:
+    """A contender's server CPU over one timed run, from its processes' own counters
+    (:func:`gov.lab.bench.server_cpu.server_ticks`: a process and its children): the ratio of
+    two contenders' requests/s follows it on a machine whose cores they share with the client."""
+
+    def __init__(self, server: int, store: int | None) -> None:
+        self.server, self.store = server, store
+        self._before: tuple[int | None, int | None] = (None, None)
+
+    def _ticks(self) -> tuple[int | None, int | None]:
+        from gov.lab.bench.server_cpu import server_ticks
+
+        return server_ticks(self.server), None if self.store is None else server_ticks(self.store)
+
+    def start(self) -> None:
+        self._before = self._ticks()
+
+    def per_request(self, requests: int) -> tuple[float | None, float | None]:
+        """µs a request of each part since :meth:`start` (None where a count was unreadable)."""
+        from gov.lab.bench.server_cpu import ticks_per_second
+
+        tick_us = 1e6 / ticks_per_second()
+
+        def per(before: int | None, after: int | None) -> float | None:
+            return None if before is None or after is None or requests <= 0 else (after - before) * tick_us / requests
+
+        after = self._ticks()
+        return per(self._before[0], after[0]), per(self._before[1], after[1])
+
+
+def _store_pid(contender: str, dsns: Mapping[str, str], redis: Any) -> int | None:
+    """The store's process: redis-server for the seeds' server, else the postmaster of the
+    contender's PostgreSQL (None when it is not on this machine)."""
+    if contender == "seeds_server":
+        return None if redis is None else redis.pid
+    import psycopg
+
+    from gov.lab.bench.server_cpu import postmaster_pid
+
+    try:
+        with psycopg.connect(dsns[contender], autocommit=True) as conn:
+            return postmaster_pid(conn)[0]
+    except psycopg.Error:
+        return None
 
 
 # ---------------------------------------------------------------- the table
@@ -907,7 +974,7 @@ def print_report(report: HttpReport, console: Any) -> None:
     table.add_column("contender")
     baseline = "gov_serve_baseline" in report.contenders
     for column in ("requests/s", "× seeds' server", *(["× baseline"] if baseline else []), "p50 ms", "p99 ms",
-                   "non-200", "allowed", "rounds, requests/s", "fill requests/s"):
+                   "CPU µs/request: server + store", "non-200", "allowed", "rounds, requests/s", "fill requests/s"):
         table.add_column(column, justify="right")
     for c in report.contenders:
         runs = report.runs[c]
@@ -918,6 +985,7 @@ def print_report(report: HttpReport, console: Any) -> None:
             *("–" if x is None else f"{x:.3f}" for x in ratios),
             f"{report.median(c, 'p50_ms'):.2f}",
             f"{report.median(c, 'p99_ms'):.2f}",
+            " + ".join("?" if x is None else f"{x:,.0f}" for x in (report.cpu_median(c, 0), report.cpu_median(c, 1))),
             f"{sum(r.non_200 for r in runs):,}",
             f"{sum(r.allowed for r in runs):,}",
             " ".join(f"{r.per_second:,.0f}" for r in runs),
@@ -926,6 +994,9 @@ def print_report(report: HttpReport, console: Any) -> None:
     console.print(table)
     for c, why in report.skipped.items():
         console.print(f"{c}: skipped: {why}", highlight=False)
+    console.print("CPU µs/request: medians over the rounds of each contender's own processes (node; gov serve and "
+                  "its workers) and of its store's (redis-server; the whole PostgreSQL server, its WAL writer and "
+                  "checkpointer included), from /proc; ? where a store is not on this machine", highlight=False)
     console.print(f"fill (before the rounds, Python client): each user's first {P2_CAP_24H} sends in user order, "
                   "all allowed: the allowed path, measured once", highlight=False)
     ceiling = report.ceiling

@@ -234,6 +234,7 @@ class RedisEndpoints:
 
     tcp_url: str
     unix_url: str
+    pid: int | None = None  # the redis-server process (gov bench --http counts its CPU)
 
     def url(self, unix: bool) -> str:
         return self.unix_url if unix else self.tcp_url
@@ -269,7 +270,7 @@ def own_redis_server(binary: str, *, startup_timeout: float = 10.0) -> Iterator[
             start_new_session=True,  # not Ctrl-C's to stop: the bench does, after its clients
         )  # fmt: skip
         try:
-            endpoints = RedisEndpoints(f"redis://127.0.0.1:{port}/0", f"unix://{sock}?db=0")
+            endpoints = RedisEndpoints(f"redis://127.0.0.1:{port}/0", f"unix://{sock}?db=0", proc.pid)
             deadline = time.monotonic() + startup_timeout
             while True:
                 if proc.poll() is not None:
