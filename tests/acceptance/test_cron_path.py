@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 
 # Runs `gov ARGS…` in this interpreter and reports, on its last stderr line, the forks and
-# connections it made and whether it loaded the runner (HTTP, encryption: most of the cost).
+# connections it made and whether it loaded the runner (HTTP, encryption: most of the cost)
+# or the pool package (one connection needs none).
 PROBE = """
 import json, os, sys
 import psycopg
@@ -45,7 +46,8 @@ except SystemExit as exc:
     code = exc.code
 if os.getpid() == PARENT:
     print(json.dumps({"code": code, "forks": len(forks), "connections": len(connections),
-                      "runner": "gov.delivery.runner" in sys.modules, "pywebpush": "pywebpush" in sys.modules}),
+                      "runner": "gov.delivery.runner" in sys.modules, "pywebpush": "pywebpush" in sys.modules,
+                      "pool": "psycopg_pool" in sys.modules}),
           file=sys.stderr)
 """
 
@@ -70,7 +72,7 @@ def vapid_env(tmp_path: Path, url: str) -> dict[str, str]:
 def test_dispatch_once_on_an_empty_outbox_forks_nothing_and_opens_one_connection(db_url: str, tmp_path: Path) -> None:
     report, out = run(vapid_env(tmp_path, db_url), "dispatch", "--once", "--processes", "2")
     assert json.loads(out) == {"attempts": 0, "outcomes": {}}
-    assert report == {"code": 0, "forks": 0, "connections": 1, "runner": False, "pywebpush": False}
+    assert report == {"code": 0, "forks": 0, "connections": 1, "runner": False, "pywebpush": False, "pool": False}
 
 
 def test_dispatch_once_still_takes_a_due_row_and_a_lapsed_lease(
@@ -93,4 +95,4 @@ def test_dispatch_once_still_takes_a_due_row_and_a_lapsed_lease(
 def test_release_once_on_an_empty_queue_opens_one_connection_and_no_runner(db_url: str, tmp_path: Path) -> None:
     report, out = run(vapid_env(tmp_path, db_url), "release", "--once")
     assert json.loads(out) == {"released": {}, "delivered": 0}
-    assert report == {"code": 0, "forks": 0, "connections": 1, "runner": False, "pywebpush": False}
+    assert report == {"code": 0, "forks": 0, "connections": 1, "runner": False, "pywebpush": False, "pool": False}

@@ -1347,6 +1347,13 @@ MUTANTS = [
         (("gov/lab/bench/http.py", "        settings=settings, cpu=cpu,\n", "        settings=settings,\n", 1),),
         ("tests/acceptance/test_bench.py::test_http_bench_smoke",),
     ),
+    Mutant(
+        "cq2_release_loads_the_pool",
+        "gov release --once imports psycopg_pool although it works on its one connection",
+        (("gov/db.py", "        given_pool = sys.modules.get(\"psycopg_pool\")\n",
+          "        import psycopg_pool\n\n        given_pool = psycopg_pool\n", 1),),
+        ("tests/acceptance/test_cron_path.py::test_release_once_on_an_empty_queue_opens_one_connection_and_no_runner",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
