@@ -205,7 +205,8 @@ def check(
 @option("--pool-size", envvar="GOV_SERVE_POOL_SIZE", type=click.IntRange(1, 256), default=4,
         help="Database connections of the routes other than /internal/send (per process).")
 @option("--workers", envvar="GOV_SERVE_WORKERS", type=click.IntRange(1, 64), default=1,
-        help="Server processes sharing the port, each with its own pools.")
+        help="Server processes, each with its own socket on the port (the kernel spreads new "
+        "connections over them) and its own pools.")
 @option("--batch-window-ms", envvar="GOV_SERVE_BATCH_WINDOW_MS", type=FiniteRange(0, 1000), default=1.0,
         help="How long a send may wait for others to be decided with it in one statement, while the "
         "database is busy with another batch (0: only those already waiting).")

@@ -614,8 +614,9 @@ def serve(
 
     Checks its settings, binds, then announces ``gov: serving on http://HOST:PORT`` on
     stderr (with ``port=0``, the port the system chose), then serves: in this process, or
-    with ``workers`` above 1 in that many forked processes sharing the socket (the kernel
-    spreads the connections), each with its own pools; SIGTERM or SIGINT stops them all.
+    with ``workers`` above 1 in that many forked processes, each listening on the port
+    (SO_REUSEPORT: the kernel spreads new connections over them) with its own pools;
+    SIGTERM or SIGINT stops them all.
 
     Each process bounds what a client may hold (:mod:`gov.http.guard`): ``header_timeout``
     and ``body_timeout`` seconds, and ``max_connections`` at once (None: the default, kept
@@ -626,19 +627,20 @@ def serve(
                             body_timeout=body_timeout, max_connections=max_connections, pool_size=pool_size)
     assert token is not None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
-    # TCP, and without it every answer written in two parts (head, body) waited for the
-    # client's delayed ACK: 40 ms a request, measured (docs/performance.md)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(1024)  # a burst of clients connecting at once must not be refused
-    sock.set_inheritable(True)
-    bound_port = sock.getsockname()[1]
+    # One listening socket per process, all bound before any fork (a port in use is one
+    # line, before work). With several processes each gets its own socket on the same port
+    # (SO_REUSEPORT): the kernel then spreads new connections over them. A single shared
+    # socket did not: the process that woke first accepted the whole burst (16 keep-alive
+    # connections split 15 to 1 and 11 to 5, measured), and one process served nearly all.
+    socks: list[socket.socket] = []
+    for _ in range(workers):
+        try:
+            socks.append(_listen(family, host, port if not socks else socks[0].getsockname()[1], workers > 1))
+        except OSError as exc:
+            for sock in socks:
+                sock.close()
+            raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound_port = socks[0].getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     if signer is None:
         print("gov: no VAPID key (GOV_VAPID_PRIVATE_KEY): sends are recorded, gov dispatch delivers them",
@@ -651,7 +653,7 @@ def serve(
     if demo:
         print(f"gov: demo page on http://{shown}:{bound_port}/demo", file=sys.stderr)
 
-    def run_one() -> None:
+    def run_one(sock: socket.socket) -> None:
         import uvicorn
 
         governor = Governor(database_url, signer=signer, pool_size=pool_size)
@@ -676,9 +678,9 @@ def serve(
 
     if workers == 1:
         print(f"gov: serving on http://{shown}:{bound_port}", file=sys.stderr, flush=True)
-        run_one()
+        run_one(socks[0])
         return
-    _run_workers(run_one, workers, f"gov: serving on http://{shown}:{bound_port} ({workers} processes)")
+    _run_workers(run_one, socks, f"gov: serving on http://{shown}:{bound_port} ({workers} processes)")
 
 
 def check_settings(
@@ -725,25 +727,50 @@ def check_settings(
     return Limits(header_timeout=header_timeout, body_timeout=body_timeout, max_connections=cap)
 
 
-def _run_workers(run_one: Callable[[], None], workers: int, banner: str) -> None:
-    """Fork ``workers`` processes that each run ``run_one``; stop them all on SIGTERM/SIGINT
+def _listen(family: socket.AddressFamily, host: str, port: int, shared: bool) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ``shared``: one of several on the same port,
+    one per process (SO_REUSEPORT), among which the kernel spreads new connections."""
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it every answer written in two parts (head, body) waited for the
+    # client's delayed ACK: 40 ms a request, measured (docs/performance.md)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(1024)  # a burst of clients connecting at once must not be refused
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _run_workers(run_one: Callable[[socket.socket], None], socks: list[socket.socket], banner: str) -> None:
+    """Fork a process per socket that runs ``run_one`` on it; stop them all on SIGTERM/SIGINT
     or when one ends, and end with the first failure's status."""
     import os
     import signal
 
     children: list[int] = []
-    for _ in range(workers):
+    for mine in socks:
         pid = os.fork()
-        if pid == 0:  # the child: its own pools and event loop, made after the fork
+        if pid == 0:  # the child: its own socket, pools and event loop, made after the fork
             code = 0
             try:
-                run_one()
+                for other in socks:
+                    if other is not mine:
+                        other.close()
+                run_one(mine)
             except BaseException:  # reported here; the parent sees the status
                 log.exception("gov serve worker failed", extra={"action": "serve_worker_failed"})
                 code = 1
             finally:
                 os._exit(code)
         children.append(pid)
+    for sock in socks:  # each child holds its own; a connection queued on a socket no child accepts would wait forever
+        sock.close()
     print(banner, file=sys.stderr, flush=True)
     stopping = False
 

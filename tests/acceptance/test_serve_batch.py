@@ -5,6 +5,7 @@ answer gets the committed verdict."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -107,6 +108,44 @@ def test_the_20_way_race_through_the_door_is_exact_with_grouping_on(
                 c.close()
     grouped = conn.execute("SELECT count(DISTINCT decided_at) FROM gov.messages").fetchone()
     assert grouped is not None and grouped[0] < RACERS * ROUNDS  # some shared a batch (one instant each)
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The inodes of the listening TCP sockets on ``port`` (/proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    found.add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/net"), reason="reads /proc")
+def test_each_worker_process_accepts_on_its_own_socket(db_url: str) -> None:
+    # One socket shared by the processes let the first to wake accept a whole burst of
+    # connections (16 keep-alive clients split 15 to 1): each worker must listen on a
+    # socket of its own (SO_REUSEPORT), among which the kernel spreads the connections.
+    with serving(db_url, "--workers", "2") as (proc, address):
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = [int(pid) for pid in f.read().split()]
+        listening = _listening_inodes(address[1])
+        held = {pid: _socket_inodes(pid) & listening for pid in workers}
+        assert len(workers) == 2 and len(listening) == 2, (workers, listening)
+        assert all(len(mine) == 1 for mine in held.values()), held
+        assert held[workers[0]] != held[workers[1]], held
+        assert not _socket_inodes(proc.pid) & listening  # the parent accepts nothing
 
 
 def test_a_batch_with_a_failing_message_answers_the_others(db_url: str, conn: psycopg.Connection[Any]) -> None:

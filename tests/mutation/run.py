@@ -1354,6 +1354,13 @@ MUTANTS = [
           "        import psycopg_pool\n\n        given_pool = psycopg_pool\n", 1),),
         ("tests/acceptance/test_cron_path.py::test_release_once_on_an_empty_queue_opens_one_connection_and_no_runner",),
     ),
+    Mutant(
+        "rp1_serve_workers_share_one_socket",
+        "gov serve --workers N: every process accepts on the first socket (one shared socket again)",
+        (("gov/http/app.py", "    for mine in socks:\n        pid = os.fork()\n",
+          "    for mine in [socks[0]] * len(socks):\n        pid = os.fork()\n", 1),),
+        ("tests/acceptance/test_serve_batch.py::test_each_worker_process_accepts_on_its_own_socket",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
