@@ -31,6 +31,7 @@ from gov.errors import ConfigurationError, ConnectionLost, DatabaseError, Invali
 from gov.governor import (
     ENV_ALLOW_LOOPBACK_HTTP,
     SendResult,
+    batch_doc_params,
     batch_params,
     campaign_units,
     decide_params,
@@ -40,6 +41,7 @@ from gov.governor import (
     moment,
     send_params,
     send_results,
+    send_row,
 )
 from gov.message import Decision, Message
 from gov.queries import q
@@ -122,18 +124,20 @@ class AsyncGovernor:
         """
         now = self._now(at)
         results: list[SendResult | Exception | None] = [None] * len(messages)
-        singles: dict[int, dict[str, Any]] = {}
+        rows: dict[int, list[Any]] = {}
         for i, message in enumerate(messages):
             try:
-                singles[i] = send_params(message, now)  # an untitled or oversize one is refused alone
+                rows[i] = send_row(message)  # an untitled or oversize one is refused alone
             except (InvalidInput, TypeError) as exc:
                 results[i] = exc
-        for key, members in await self._by_shard(list(singles), messages):
+        for key, members in await self._by_shard(list(rows), messages):
+            mine = [rows[i] for i in members]
             try:
-                rows = await self.source.execute(
-                    q("send_batch"), batch_params([singles[i] for i in members], now, key), row_factory=dict_row
-                )
-                for row in rows:
+                if key is None:  # one server: the batch as one JSON document
+                    query, params = q("send_batch_doc"), batch_doc_params(mine, now)
+                else:
+                    query, params = q("send_batch"), batch_params(mine, now, key)
+                for row in await self.source.execute(query, params, row_factory=dict_row):
                     results[members[row["ordinal"] - 1]] = SendResult(
                         Decision.from_row(row), tuple(row["outbox_ids"])
                     )

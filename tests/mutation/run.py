@@ -1361,6 +1361,13 @@ MUTANTS = [
           "    for mine in [socks[0]] * len(socks):\n        pid = os.fork()\n", 1),),
         ("tests/acceptance/test_serve_batch.py::test_each_worker_process_accepts_on_its_own_socket",),
     ),
+    Mutant(
+        "dq1_batch_doc_ttl_from_the_collapse_key",
+        "send_batch_doc reads each message's TTL from the collapse key's place in its row",
+        (("sql/queries_decide.sql", "array_agg((e.v->>7)::integer) AS ttl",
+          "array_agg((e.v->>6)::integer) AS ttl", 1),),
+        ("tests/integration/test_send_batch.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -45,7 +45,7 @@ from gov import policy as policy_mod
 from gov.db import translate_errors
 from gov.delivery.vapid import generate_keypair
 from gov.errors import GovError
-from gov.governor import Governor, batch_params, send_params
+from gov.governor import Governor, batch_doc_params, send_row
 from gov.hold.release import Releaser
 from gov.lab.simulate.model import CURVE_TOP, EngineStats, SimConfig
 from gov.lab.simulate.story import (
@@ -503,8 +503,8 @@ class Engine:
                         out.append((keys, result.decision.action in ("defer", "collapse")))
                 else:
                     at = group[0].at
-                    params = batch_params([send_params(p.message, at) for p in group], at, None)
-                    verdicts = sorted(gov.source.execute(q("send_batch"), params), key=lambda r: r[0])
+                    params = batch_doc_params([send_row(p.message) for p in group], at)
+                    verdicts = sorted(gov.source.execute(q("send_batch_doc"), params), key=lambda r: r[0])
                     assert [r[0] for r in verdicts] == list(range(1, len(group) + 1)), "one verdict per message"
                     out.extend((tuple((p.message.user_id, i) for i in r[8]), r[2] in ("defer", "collapse"))
                                for p, r in zip(group, verdicts, strict=True))
