@@ -360,10 +360,15 @@ class SendBatcher:
         """The verdict of ``message``, decided in a batch with whatever arrived with it.
 
         Raises what the message alone would raise (:class:`gov.InvalidMessage`, a database error)."""
+        return await self.submit(message)
+
+    def submit(self, message: Message) -> asyncio.Future[SendResult]:
+        """:meth:`send` without a coroutine: the future of its verdict (gov serve's protocol
+        answers from a callback on it, without a task per request)."""
         queue = self._start()
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         queue.put_nowait((message, future, time.monotonic()))
-        return await future
+        return future
 
     async def _gather(self, queue: asyncio.Queue[tuple[Message, asyncio.Future[SendResult], float]],
                       batch: list[tuple[Message, asyncio.Future[SendResult], float]]) -> None:

@@ -670,7 +670,9 @@ def serve(
             # what a client may hold bounded (gov.http.guard); an idle connection between two
             # requests is closed after uvicorn's keep-alive timeout, at most the header timeout
             config = uvicorn.Config(asgi(app), log_level="warning", access_log=access_log, lifespan="on",
-                                    http=GuardedHttpToolsProtocol.with_limits(limits),
+                                    # (an access log is uvicorn's to write: every request through ASGI then)
+                                    http=GuardedHttpToolsProtocol.with_limits(
+                                        limits, None if access_log else app.state.door),
                                     timeout_keep_alive=min(5, header_timeout))  # type: ignore[arg-type]
             GovServer(config, limits).run(sockets=[sock])
         finally:

@@ -15,6 +15,7 @@ own, word for word (and tested as such).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -23,7 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gov.aio import SendBatcher
 from gov.errors import DatabaseError, InvalidInput
+from gov.governor import SendResult
 from gov.http.models import Send as SendBody
 from gov.http.refusals import clip
 
@@ -33,7 +36,15 @@ PATH = "/internal/send"
 
 
 class FastSend:
-    """ASGI middleware in front of the FastAPI app; see the module's docstring."""
+    """ASGI middleware in front of the FastAPI app; see the module's docstring.
+
+    gov serve's HTTP protocol (:class:`gov.http.wire.GuardedHttpToolsProtocol`) also
+    answers through it below ASGI: :meth:`accepts` on the head, :meth:`start` on the
+    body, :meth:`verdict` on the outcome; whatever :meth:`start` declines goes to the
+    route as here.
+    """
+
+    path = PATH.encode()
 
     def __init__(self, app: Any, *, token: bytes, max_body: int) -> None:
         self.app: ASGIApp = app
@@ -41,13 +52,12 @@ class FastSend:
         self.token = token
         self.max_body = max_body
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
-            await self.app(scope, receive, send)
-            return
+    def accepts(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """True when the head is one the door answers: one Authorization header with the
+        bearer token, and a Content-Length within the limit (no chunked body)."""
         authorization = length = b""
         authorizations = 0
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization":
                 authorization = value
                 authorizations += 1
@@ -57,7 +67,40 @@ class FastSend:
         # two Authorization headers are refused by the route, whichever of them holds the token
         authorised = (hmac.compare_digest(given.strip(), self.token) and scheme.lower() == b"bearer"
                       and authorizations == 1)
-        if not authorised or not length.isdigit() or int(length) > self.max_body:
+        return authorised and length.isdigit() and int(length) <= self.max_body
+
+    def start(self, body: bytes) -> asyncio.Future[SendResult] | None:
+        """The verdict of the send in ``body``, on its way (:meth:`gov.aio.SendBatcher.submit`);
+        None for a body the route must refuse itself."""
+        try:
+            # pydantic's own JSON parser: what it accepts, json.loads and the model accept alike
+            # (NaN, lone surrogates, NUL bytes are refused by both; tested), and whatever it
+            # refuses goes to the route, which says why in its own words
+            message = SendBody.model_validate_json(body).message()
+        except (ValueError, ValidationError, InvalidInput):
+            return None
+        batcher: SendBatcher = self.state.batcher
+        return batcher.submit(message)
+
+    @staticmethod
+    def verdict(outcome: asyncio.Future[SendResult]) -> tuple[int, bytes]:
+        """(status, body) of a finished :meth:`start`; raises what the route would not answer."""
+        try:
+            result = outcome.result()
+        except InvalidInput as exc:  # refused alone (an oversize payload, an unknown tier): the route's 422
+            # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
+            return 422, _json({"error": clip(str(exc)).encode("utf-8", "backslashreplace").decode("utf-8")})
+        except DatabaseError as exc:
+            log.error("database error: %s", exc, extra={"action": "serve_database_error"})
+            return 503, _json({"error": "the database is unavailable; retry later"})
+        verdict = {k: v for k, v in result.as_json().items() if v is not None}
+        return 200, _json(verdict)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        if not self.accepts(scope["headers"]):
             await self.app(scope, receive, send)  # the route refuses it (401, 413, 400…) unread
             return
         chunks: list[bytes] = []
@@ -72,39 +115,19 @@ class FastSend:
             if not message.get("more_body", False) or size > self.max_body:
                 break
         body = b"".join(chunks)
-        answer = None
+        outcome = None
         if size <= self.max_body and not message.get("more_body", False):
-            answer = await self._answer(scope, body)
-        if answer is None:
+            outcome = self.start(body)
+        if outcome is None:
             await self.app(scope, _replay(body, message.get("more_body", False), receive), send)
             return
-        status, payload = answer
+        await asyncio.wait([outcome])
+        status, payload = self.verdict(outcome)
         await send({
             "type": "http.response.start", "status": status,
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
         })
         await send({"type": "http.response.body", "body": payload})
-
-    async def _answer(self, scope: Scope, body: bytes) -> tuple[int, bytes] | None:
-        """(status, body) of the verdict; None for anything the route must refuse itself."""
-        try:
-            # pydantic's own JSON parser: what it accepts, json.loads and the model accept alike
-            # (NaN, lone surrogates, NUL bytes are refused by both; tested), and whatever it
-            # refuses goes to the route, which says why in its own words
-            message = SendBody.model_validate_json(body).message()
-        except (ValueError, ValidationError, InvalidInput):
-            return None
-        batcher = self.state.batcher
-        try:
-            result = await batcher.send(message)
-        except InvalidInput as exc:  # refused alone (an oversize payload, an unknown tier): the route's 422
-            # a message may quote the input, and a lone surrogate there has no UTF-8: escape it
-            return 422, _json({"error": clip(str(exc)).encode("utf-8", "backslashreplace").decode("utf-8")})
-        except DatabaseError as exc:
-            log.error("database error: %s", exc, extra={"action": "serve_database_error"})
-            return 503, _json({"error": "the database is unavailable; retry later"})
-        verdict = {k: v for k, v in result.as_json().items() if v is not None}
-        return 200, _json(verdict)
 
 
 def _json(doc: dict[str, Any]) -> bytes:

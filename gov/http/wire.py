@@ -22,8 +22,9 @@ from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gov.http.door import FastSend
 from gov.http.guard import ACCEPT_ERRNOS, LOG_INTERVAL_S, MAX_HEAD_BYTES, MAX_HEADERS, EveryInterval, Limits
 
 log = logging.getLogger("gov.http.wire")
@@ -111,6 +112,29 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback: stops the parser at once (httptools re-raises it wrapped)."""
 
 
+class _FastEvent:
+    """uvicorn sets a cycle's message event when the client leaves; a fast send reads no more."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+class _FastCycle:
+    """A send the door answers below ASGI, in the connection's ``cycle`` slot, with what
+    uvicorn reads there: whether the answer has begun or ended (a request that arrives
+    meanwhile is queued as pipelined, and a graceful shutdown waits for it), whether the
+    client left, whether to keep the connection."""
+
+    __slots__ = ("disconnected", "keep_alive", "response_complete", "response_started")
+    message_event = _FastEvent()
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.keep_alive = keep_alive
+        self.disconnected = self.response_started = self.response_complete = False
+
+
 class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
     """uvicorn's httptools protocol with the bounds of the module's docstring.
 
@@ -120,6 +144,9 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
     """
 
     limits = Limits()
+    #: The fast door (gov.http.door.FastSend) this protocol answers sends through, below
+    #: ASGI (see _FastCycle); None: every request goes to the app.
+    door: FastSend | None = None
     #: The sweep's clock (loop.time() at its last tick): a request reads it, and never the clock
     #: itself. It may be a tick old, so every deadline from it gets one tick more: never early
     #: (an outside probe saw a 408 at 14.1 s of a 15 s body timeout), at most two ticks late.
@@ -136,14 +163,16 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
         # a body's bytes as read and as the parser hands them over: the rest is chunk framing
         # and trailers, which the parser buffers whole (an endless trailer line held 110 MB)
         self._body_read = self._body_given = 0
+        self._fast_body: list[bytes] | None = None  # a fast send's body, while it is read
 
     def _from_now(self, seconds: float) -> float:
         return self.now + seconds + self.limits.tick
 
     @classmethod
-    def with_limits(cls, limits: Limits) -> type[GuardedHttpToolsProtocol]:
-        """This protocol with ``limits`` (uvicorn takes a class, and makes one instance per connection)."""
-        return type(cls.__name__, (cls,), {"limits": limits, "refused": EveryInterval(),
+    def with_limits(cls, limits: Limits, door: FastSend | None = None) -> type[GuardedHttpToolsProtocol]:
+        """This protocol with ``limits``, answering sends through ``door`` (uvicorn takes a
+        class, and makes one instance per connection)."""
+        return type(cls.__name__, (cls,), {"limits": limits, "door": door, "refused": EveryInterval(),
                                            "refused_requests": EveryInterval()})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -248,10 +277,23 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
         self._head_room = None
         self._body_read = self._body_given = 0
         self._deadline = self._from_now(self.limits.body_timeout)
+        door = self.door
+        if (door is not None and self.url == door.path and self.parser.get_method() == b"POST"
+                and (self.cycle is None or self.cycle.response_complete) and not self.pipeline
+                and not self.expect_100_continue and not self.parser.should_upgrade()
+                and door.accepts(self.headers)):
+            # a send the door answers: no ASGI cycle, no task (the door's own test of the head)
+            version = self.parser.get_http_version()
+            self.cycle = _FastCycle(keep_alive=version != "1.0" and self.parser.should_keep_alive())  # type: ignore[assignment]
+            self._fast_body = []
+            return
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         self._body_given += len(body)
+        if self._fast_body is not None:
+            self._fast_body.append(body)  # (within the Content-Length the door accepted)
+            return
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -264,7 +306,53 @@ class GuardedHttpToolsProtocol(JoinedHttpToolsProtocol):
         self._deadline = self._from_now(self.limits.header_timeout) if answered else None
         self._head_room = self._head_bytes_left = MAX_HEAD_BYTES
         self._headers_left = MAX_HEADERS
+        if self._fast_body is not None:
+            body, self._fast_body = b"".join(self._fast_body), None
+            self._fast_send(body)
+            return
         super().on_message_complete()
+
+    # -------------------------------------------------- a send answered below ASGI
+
+    def _fast_send(self, body: bytes) -> None:
+        cycle = self.cycle
+        assert self.door is not None and isinstance(cycle, _FastCycle)
+        outcome = self.door.start(body)
+        if outcome is None:
+            # the route refuses it, in its own words: the ASGI cycle the head skipped, with the body
+            self.cycle = None  # type: ignore[assignment]
+            HttpToolsProtocol.on_headers_complete(self)
+            HttpToolsProtocol.on_body(self, body)
+            HttpToolsProtocol.on_message_complete(self)
+            return
+        outcome.add_done_callback(lambda done: self._fast_answer(cycle, done))
+
+    def _fast_answer(self, cycle: _FastCycle, outcome: asyncio.Future[Any]) -> None:
+        """Write the verdict as uvicorn would (its default headers, keep-alive or close),
+        then what uvicorn does after an answer (the next pipelined request, or the
+        keep-alive timer)."""
+        assert self.door is not None
+        try:
+            status, payload = self.door.verdict(outcome)
+            content_type = b"application/json"
+        except Exception:  # what the ASGI app would have raised: uvicorn's 500
+            log.exception("Exception in ASGI application")
+            status, payload, content_type = 500, b"Internal Server Error", b"text/plain; charset=utf-8"
+            cycle.keep_alive = False
+        cycle.response_started = cycle.response_complete = True
+        if cycle.disconnected or self.transport.is_closing():
+            return  # the client left: its verdict is committed, a retry of its id returns it
+        head = [STATUS_LINE[status]]
+        head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        head.append(b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(payload)))
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        head.append(payload)
+        self.transport.write(b"".join(head))
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
 
     # -------------------------------------------------- the sweep's verdict
 

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -146,6 +147,76 @@ def test_each_worker_process_accepts_on_its_own_socket(db_url: str) -> None:
         assert all(len(mine) == 1 for mine in held.values()), held
         assert held[workers[0]] != held[workers[1]], held
         assert not _socket_inodes(proc.pid) & listening  # the parent accepts nothing
+
+
+def _raw_request(doc: Any, *, close: bool = False) -> bytes:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    head = (f"POST /internal/send HTTP/1.1\r\nHost: gov\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+    return (head + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], Any]]:
+    """``count`` HTTP answers read off ``sock``: (status, headers, JSON body) each."""
+    buffer = b""
+    answers = []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(answers)} answers"
+            buffer += chunk
+        head, buffer = buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        length = int(headers["content-length"])
+        while len(buffer) < length:
+            chunk = sock.recv(65536)
+            assert chunk
+            buffer += chunk
+        answers.append((int(lines[0].split()[1]), headers, json.loads(buffer[:length])))
+        buffer = buffer[length:]
+    return answers
+
+
+def test_pipelined_sends_are_answered_in_order_whichever_door_answers_each(db_url: str) -> None:
+    # The first send is answered by the fast door below ASGI, the second (no title) by the
+    # FastAPI route, the third by the fast door again: in one write, answered in order.
+    with serving(db_url) as (_proc, address), socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(_raw_request({"userId": "pipe", "tier": "P2", "id": "a", "title": "hi"})
+                     + _raw_request({"userId": "pipe", "tier": "P2", "id": "b"})
+                     + _raw_request({"userId": "pipe", "tier": "P2", "id": "c", "title": "hi"}))
+        answers = _read_answers(sock, 3)
+        assert [(status, doc) for status, _, doc in answers] == [
+            (200, {"sent": True}), (422, {"error": "title is required"}), (200, {"sent": True})]
+        # the fast door's answer carries what uvicorn writes on every answer
+        assert {"date", "server", "content-type", "content-length"} <= set(answers[0][1])
+        assert answers[0][1]["content-type"] == "application/json"
+
+
+def test_a_send_asking_to_close_is_answered_then_closed(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    with serving(db_url) as (_proc, address), socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(_raw_request({"userId": "bye", "tier": "P2", "id": "a", "title": "hi"}, close=True))
+        ((status, headers, doc),) = _read_answers(sock, 1)
+        assert (status, doc, headers.get("connection")) == (200, {"sent": True}, "close")
+        assert sock.recv(1) == b""  # closed by the server
+    assert conn.execute("SELECT count(*) FROM gov.messages WHERE user_id = 'bye'").fetchone() == (1,)
+
+
+def test_a_client_gone_before_its_answer_leaves_its_verdict_committed(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    with serving(db_url) as (_proc, address):
+        for i in range(20):  # gone at once, before the batch can have committed
+            with socket.create_connection(address, timeout=30) as sock:
+                sock.sendall(_raw_request({"userId": "gone", "tier": "P2", "id": f"m{i}", "title": "hi"}))
+        client = Client(address)
+        try:  # the server goes on, and each id's verdict is the one committed
+            answers = [client.send({"userId": "gone", "tier": "P2", "id": f"m{i}", "title": "hi"}) for i in range(20)]
+        finally:
+            client.close()
+    assert {status for status, _ in answers} == {200}
+    assert sum(doc["sent"] for _, doc in answers) == 2
+    assert conn.execute("SELECT count(*) FROM gov.messages WHERE user_id = 'gone'").fetchone() == (20,)
 
 
 def test_a_batch_with_a_failing_message_answers_the_others(db_url: str, conn: psycopg.Connection[Any]) -> None:

@@ -1368,6 +1368,19 @@ MUTANTS = [
           "array_agg((e.v->>6)::integer) AS ttl", 1),),
         ("tests/integration/test_send_batch.py",),
     ),
+    Mutant(
+        "wp1_fast_door_ignores_a_request_in_flight",
+        "gov serve's protocol answers a send below ASGI even while an earlier request is unanswered",
+        (("gov/http/wire.py",
+          "                and (self.cycle is None or self.cycle.response_complete) and not self.pipeline\n", "", 1),),
+        ("tests/acceptance/test_serve_batch.py::test_pipelined_sends_are_answered_in_order_whichever_door_answers_each",),
+    ),
+    Mutant(
+        "wp2_fast_door_keeps_a_closing_connection",
+        "gov serve's protocol keeps a connection open after a fast answer to Connection: close",
+        (("gov/http/wire.py", "        if not cycle.keep_alive:\n            self.transport.close()\n", "", 1),),
+        ("tests/acceptance/test_serve_batch.py::test_a_send_asking_to_close_is_answered_then_closed",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
