@@ -195,14 +195,14 @@ def test_pipelined_sends_are_answered_in_order_whichever_door_answers_each(db_ur
 
 def test_a_send_asking_to_close_is_answered_then_closed(db_url: str, conn: psycopg.Connection[Any]) -> None:
     # one connection at a time: the next is served only once the server has closed the first
-    with serving(db_url, "--max-connections", "1") as (_proc, address):
-        for i in range(3):
-            with socket.create_connection(address, timeout=30) as sock:
-                sock.sendall(_raw_request({"userId": "bye", "tier": "P2", "id": f"m{i}", "title": "hi"}, close=True))
-                ((status, headers, doc),) = _read_answers(sock, 1)
-                assert (status, headers.get("connection")) == (200, "close")
-                assert doc == ({"sent": True} if i < 2 else {"sent": False, "action": "drop",
-                                                              "reason": "cap_86400000ms"})
+    with serving(db_url, "--max-connections", "1") as (_proc, address), contextlib.ExitStack() as held:
+        for i in range(3):  # each client keeps its end open: only the server's close frees the slot
+            sock = held.enter_context(socket.create_connection(address, timeout=30))
+            sock.sendall(_raw_request({"userId": "bye", "tier": "P2", "id": f"m{i}", "title": "hi"}, close=True))
+            ((status, headers, doc),) = _read_answers(sock, 1)
+            assert (status, headers.get("connection")) == (200, "close")
+            assert doc == ({"sent": True} if i < 2 else {"sent": False, "action": "drop",
+                                                          "reason": "cap_86400000ms"})
     assert conn.execute("SELECT count(*) FROM gov.messages WHERE user_id = 'bye'").fetchone() == (3,)
 
 
