@@ -239,9 +239,9 @@ MUTANTS = [
         "n_door_answers_before_the_commit",
         "the batcher answers a send before its batch has run (a verdict no row backs)",
         (
-            ("gov/aio.py", "        queue.put_nowait((message, future, time.monotonic()))\n        return await future",
-             "        queue.put_nowait((message, future, time.monotonic()))\n"
-             "        return SendResult(Decision(allowed=True))", 1),
+            ("gov/aio.py", "        queue.put_nowait((message, future, time.monotonic()))\n        return future",
+             "        queue.put_nowait((message, asyncio.get_running_loop().create_future(), time.monotonic()))\n"
+             "        future.set_result(SendResult(Decision(allowed=True)))\n        return future", 1),
         ),
         (
             "tests/acceptance/test_serve_batch.py"
