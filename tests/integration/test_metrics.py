@@ -233,8 +233,10 @@ def test_looping_dispatcher_exposes_its_attempts(
         for i in range(6):
             g.subscribe(f"user{i}", push.subscribe().info)
             g.send(Message(user_id=f"user{i}", id=f"msg{i}", tier="P0", title="hello"), deliver=False)
+    # PYTHONFAULTHANDLER: if it ever hangs on SIGTERM again (once, under CI's load, at stop 45),
+    # the SIGABRT below makes it print where each of its threads was
     env = {**os.environ, "GOV_DATABASE_URL": db_url, "GOV_VAPID_PRIVATE_KEY": str(key_path),
-           "GOV_VAPID_SUBJECT": SUBJECT, "GOV_ALLOW_LOOPBACK_HTTP": "1"}
+           "GOV_VAPID_SUBJECT": SUBJECT, "GOV_ALLOW_LOOPBACK_HTTP": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gov.cli", "dispatch", "--idle", "0.05", "--processes", processes,
          "--metrics-port", "0"],
@@ -266,7 +268,12 @@ def test_looping_dispatcher_exposes_its_attempts(
         assert "gov_decisions_24h" not in families  # the database figures are gov serve's
     finally:
         proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=30)
+        try:
+            _out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _out, err = proc.communicate(timeout=30)
+            pytest.fail(f"gov dispatch did not stop within 30 s of SIGTERM; its threads:\n{err}")
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
 
