@@ -988,10 +988,14 @@ $$;
 -- later message in the batch sees the earlier one's spend. What the batch saves is the
 -- round trip and the durable commit per message (most of an allowed decision's cost),
 -- and on one server the per-message work: the messages of users with one message in the
--- batch, plain ones (gov.plain_users) of a tier that holds nothing (exempt, or one that
--- drops), are decided together, per tier, topic and campaign, by gov.decide_together,
--- their content stored and fanned out in a few statements; the rest go through
--- gov.send_v1, as does everything on a Citus cluster. Every user of the batch is locked
+-- batch, plain ones (gov.plain_users), are decided together, per tier, topic and campaign,
+-- by gov.decide_together, their content stored and fanned out in a few statements; the
+-- rest go through gov.send_v1, as does everything on a Citus cluster. In a tier that
+-- holds (defer, collapse) a user is plain only with nothing held (no waiting row: then
+-- gov.send_v1's gov.release_owed and gov.absorb_group have nothing to do), and a message
+-- decided together but blocked is held by gov.hold as gov.send_v1 holds it, in the
+-- one-by-one loop's place (user order: holds compete for release minutes in that order),
+-- so it gets the same rows and the same final verdict. Every user of the batch is locked
 -- first, in user order, the order every batch uses, so batches never wait on each other
 -- in a cycle. An error in any message (an unknown tier, say) fails the whole call and
 -- nothing is written: the caller then sends each message alone, so the error stays with
@@ -1030,9 +1034,12 @@ DECLARE
     v_now   timestamptz := coalesce(p_now, clock_timestamp());
     v_n     integer := coalesce(cardinality(p_user_ids), 0);
     v_done  integer[] := '{}';
+    v_hold  integer[] := '{}';
     r_group record;
     r_msg   record;
+    r_held  record;
     v_plain text[];
+    v_m     record;
 BEGIN
     IF coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_tiers), 0) <> v_n
        OR coalesce(cardinality(p_topics), 0) <> v_n OR coalesce(cardinality(p_campaign_ids), 0) <> v_n
@@ -1054,13 +1061,16 @@ BEGIN
                   FROM unnest(p_user_ids, p_message_ids, p_tiers, p_topics, p_campaign_ids)
                        WITH ORDINALITY AS x(u, m, t, tp, c, n)
             )
-            SELECT msg.t, msg.tp, msg.c, array_agg(msg.u ORDER BY msg.u) AS us, array_agg(msg.m ORDER BY msg.u) AS ms
-              FROM msg JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')
+            SELECT msg.t, msg.tp, msg.c, t.exempt OR t.on_exceed = 'drop' AS final,
+                   array_agg(msg.u ORDER BY msg.u) AS us, array_agg(msg.m ORDER BY msg.u) AS ms
+              FROM msg JOIN gov.tiers t ON t.tier = msg.t
              WHERE msg.mine = 1 AND msg.u <> '' AND msg.m <> ''
                AND length(msg.u) <= 256 AND length(msg.m) <= 256
                AND (p_ttls[msg.n] IS NULL OR p_ttls[msg.n] BETWEEN 1 AND 2419200)
                AND gov.content_ok(p_contents[msg.n])
-             GROUP BY msg.t, msg.tp, msg.c
+               AND (t.exempt OR t.on_exceed = 'drop'
+                    OR NOT EXISTS (SELECT 1 FROM gov.deferred d WHERE d.user_id = msg.u AND d.state = 'waiting'))
+             GROUP BY msg.t, msg.tp, msg.c, t.exempt, t.on_exceed
         LOOP
             v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp, v_now);
             CONTINUE WHEN cardinality(v_plain) = 0;
@@ -1091,18 +1101,45 @@ BEGIN
             )
             SELECT d.n, d.allowed, d.action, d.reason, d.used, d.cap, d.retry_after_ms, false,
                    coalesce((SELECT array_agg(f.id ORDER BY f.id) FROM fan f WHERE f.u = d.user_id), '{}'::bigint[])
-              FROM decided d;
+              FROM decided d
+             WHERE d.allowed OR r_group.final;  -- a blocked message of a tier that holds: below
             v_done := v_done || ARRAY(SELECT x.n::integer FROM unnest(p_user_ids) WITH ORDINALITY x(u, n)
                                        WHERE x.u = ANY (v_plain));
+            IF NOT r_group.final THEN
+                v_hold := v_hold || ARRAY(
+                    SELECT x.n::integer FROM unnest(p_user_ids) WITH ORDINALITY x(u, n)
+                      JOIN gov.messages m ON m.user_id = x.u AND m.message_id = p_message_ids[x.n]
+                     WHERE x.u = ANY (v_plain) AND NOT m.allowed);
+            END IF;
         END LOOP;
     END IF;
     FOR r_msg IN
         SELECT x.n::integer AS n, x.u, x.m, x.t, x.tp, x.c, x.ct, x.ck, x.ttl
           FROM unnest(p_user_ids, p_message_ids, p_tiers, p_topics, p_campaign_ids, p_contents,
                       p_collapse_keys, p_ttls) WITH ORDINALITY AS x(u, m, t, tp, c, ct, ck, ttl, n)
-         WHERE NOT x.n::integer = ANY (v_done)
+         WHERE NOT x.n::integer = ANY (v_done) OR x.n::integer = ANY (v_hold)
          ORDER BY x.u, x.n
     LOOP
+        IF r_msg.n = ANY (v_hold) THEN
+            -- decided together above and blocked: what gov.send_v1 does after gov.decide_core
+            -- (the content is stored; the user has nothing held for the hold to join)
+            SELECT m.action, m.reason, m.used, m.cap, m.retry_after_ms, c.expires_at INTO STRICT v_m
+              FROM gov.messages m
+              JOIN gov.message_content c ON c.user_id = m.user_id AND c.message_id = m.message_id
+             WHERE m.user_id = r_msg.u AND m.message_id = r_msg.m;
+            SELECT * INTO r_held
+              FROM gov.hold(r_msg.u, r_msg.m, r_msg.t, r_msg.ck, v_m.action, v_m.reason, v_m.retry_after_ms,
+                            v_m.expires_at, v_now);
+            IF r_held.o_action IS DISTINCT FROM v_m.action OR r_held.o_reason IS DISTINCT FROM v_m.reason THEN
+                UPDATE gov.messages m SET action = r_held.o_action, reason = r_held.o_reason
+                 WHERE m.user_id = r_msg.u AND m.message_id = r_msg.m;
+                UPDATE gov.push_suppressions ps SET action = r_held.o_action
+                 WHERE ps.user_id = r_msg.u AND ps.message_id = r_msg.m;
+            END IF;
+            RETURN QUERY SELECT r_msg.n, false, r_held.o_action, r_held.o_reason, v_m.used, v_m.cap,
+                                v_m.retry_after_ms, false, '{}'::bigint[];
+            CONTINUE;
+        END IF;
         RETURN QUERY
         SELECT r_msg.n, s.allowed, s.action, s.reason, s.used, s.cap, s.retry_after_ms, s.repeated, s.outbox_ids
           FROM gov.send_v1(r_msg.u, r_msg.m, r_msg.t, r_msg.tp, r_msg.c, r_msg.ct, r_msg.ck, r_msg.ttl, v_now) s;

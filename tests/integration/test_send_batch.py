@@ -143,3 +143,41 @@ def test_users_with_a_time_zone_are_decided_together_outside_their_quiet_hours_o
     assert {n: v for n, v in got.items() if n % 2 == 1} == {n: (False, "defer", "quiet_hours") for n in (1, 3, 5, 7, 9)}
     assert calls.get("decide_together") == 1, calls
     assert calls.get("decide_core") == 5, calls  # Auckland's five, and no one else
+
+
+def test_messages_of_tiers_that_hold_are_decided_together_and_held_as_send_holds_them(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """P3 (collapse, one a week): the first batch is allowed together; the second, blocked by
+    the weekly cap, is decided together too and each message held by gov.hold (no
+    gov.decide_core); the third finds a group waiting for every user, so gov.send_v1 decides
+    each alone (its gov.absorb_group and gov.release_owed have work to do)."""
+    users = [f"h{i}" for i in range(10)]
+
+    def batch(n: int) -> tuple[set[tuple[Any, ...]], dict[str, int]]:
+        # a connection of its own each: the counters may still hold an earlier transaction's calls
+        with psycopg.connect(db_url, autocommit=True) as c, c.transaction():
+            c.execute("SET LOCAL track_functions = 'pl'")
+            params = {
+                "shard_key": None, "user_ids": users, "message_ids": [f"d{n}"] * 10, "tiers": ["P3"] * 10,
+                "topics": [None] * 10, "campaign_ids": [None] * 10, "contents": ['{"title": "t"}'] * 10,
+                "collapse_keys": ["recs"] * 10, "ttls": [None] * 10, "now": T0 + timedelta(hours=n),
+            }
+            got = {r[1:4] for r in c.execute(q("send_batch"), params).fetchall()}
+            calls = dict(c.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                                   " WHERE schemaname = 'gov'").fetchall())
+        return got, calls
+
+    got, calls = batch(1)
+    assert got == {(True, None, None)}
+    assert calls.get("decide_together") == 1 and "decide_core" not in calls, calls
+    got, calls = batch(2)
+    assert got == {(False, "collapse", "cap_604800000ms")}
+    assert calls.get("decide_together") == 1 and "decide_core" not in calls, calls
+    assert calls.get("hold") == 10, calls
+    got, calls = batch(3)
+    assert got == {(False, "collapse", "cap_604800000ms")}
+    assert calls.get("decide_core") == 10 and "decide_together" not in calls, calls
+    waiting = conn.execute("SELECT user_id, message_id, stands_for FROM gov.deferred WHERE state = 'waiting'"
+                           " ORDER BY user_id").fetchall()
+    assert waiting == [(u, "d3", 2) for u in sorted(users)]

@@ -42,6 +42,7 @@ HOST_NOW = "__import__('datetime').datetime.now(__import__('datetime').UTC)"
 SURFACE_TEST = "tests/migration/test_sql_surface.py"
 SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
+HOLDING_TIERS = "sql/migrations/0047_holding_tiers_batched.sql"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
 LIMITS = "tests/acceptance/test_serve_limits.py::"
@@ -1380,6 +1381,26 @@ MUTANTS = [
         "gov serve's protocol keeps a connection open after a fast answer to Connection: close",
         (("gov/http/wire.py", "        if not cycle.keep_alive:\n            self.transport.close()\n", "", 1),),
         ("tests/acceptance/test_serve_batch.py::test_a_send_asking_to_close_is_answered_then_closed",),
+    ),
+    Mutant(
+        "ht1_batch_blocked_together_never_held",
+        "send_batch_v1 decides a holding tier's message together but never holds it when blocked",
+        ((HOLDING_TIERS, "IF r_msg.n = ANY (v_hold) THEN\n", "IF false THEN\n", 1),),
+        ("tests/integration/test_send_batch.py",),
+    ),
+    Mutant(
+        "ht2_batch_together_with_a_group_waiting",
+        "send_batch_v1 decides a holding tier's message together though the user has rows held",
+        ((HOLDING_TIERS, "OR NOT EXISTS (SELECT 1 FROM gov.deferred d WHERE d.user_id = msg.u",
+          "OR true OR NOT EXISTS (SELECT 1 FROM gov.deferred d WHERE d.user_id = msg.u", 1),),
+        ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
+    ),
+    Mutant(
+        "ht3_batch_hold_outcome_not_written",
+        "send_batch_v1 leaves the blocked verdict's action on the rows when the hold drops the message",
+        ((HOLDING_TIERS, "IF r_held.o_action IS DISTINCT FROM v_m.action OR r_held.o_reason",
+          "IF false AND r_held.o_reason", 1),),
+        ("tests/integration/test_send_batch.py",),
     ),
 ]
 
