@@ -1071,6 +1071,9 @@ BEGIN
                AND (t.exempt OR t.on_exceed = 'drop'
                     OR NOT EXISTS (SELECT 1 FROM gov.deferred d WHERE d.user_id = msg.u AND d.state = 'waiting'))
              GROUP BY msg.t, msg.tp, msg.c, t.exempt, t.on_exceed
+            -- (a holding tier's message alone goes through gov.send_v1: pgbench, one message,
+            -- 0.71-0.79 ms that way against 0.79-0.85 ms together)
+            HAVING t.exempt OR t.on_exceed = 'drop' OR count(*) > 1
         LOOP
             v_plain := gov.plain_users(r_group.us, r_group.ms, r_group.t, r_group.tp, v_now);
             CONTINUE WHEN cardinality(v_plain) = 0;
