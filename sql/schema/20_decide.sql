@@ -562,8 +562,9 @@ $$;
 -- gov.decide_together can decide at p_now, with no earlier verdict for their message and,
 -- unless the tier is exempt, outside their quiet hours at p_now (gov.quiet_until, the
 -- clock gov.decide_core consults: a time zone changes a decision only through it), no
--- caps of their own, no opt-out of the topic and no segment with windows of its own. An
--- empty or NULL id is never plain (gov.decide_core refuses it). The tier must exist.
+-- caps of their own and no opt-out of the topic (a segment with windows of its own is
+-- plain: gov.decide_together reads each user's group of rules). An empty or NULL id is
+-- never plain (gov.decide_core refuses it). The tier must exist.
 -- Users come back in the order given.
 CREATE FUNCTION gov.plain_users(p_users text[], p_message_ids text[], p_tier text, p_topic text,
                                 p_now timestamptz) RETURNS text[]
@@ -573,13 +574,8 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_exempt boolean;
-    v_topic  text := '';
 BEGIN
     SELECT t.exempt INTO STRICT v_exempt FROM gov.tiers t WHERE t.tier = p_tier;
-    IF p_topic IS NOT NULL THEN
-        v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
-                        THEN p_topic ELSE '*' END;
-    END IF;
     -- (The earlier verdict is probed per user, by its key: every row of a campaign's
     -- earlier batches has the campaign's message id, so a join on it would read them all.)
     RETURN ARRAY(
@@ -590,10 +586,7 @@ BEGIN
            AND (v_exempt OR (
                     NOT EXISTS (SELECT 1 FROM gov.users u
                                  WHERE u.user_id = x.u
-                                   AND ((u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)
-                                        OR EXISTS (SELECT 1 FROM gov.compiled_rules r
-                                                    WHERE r.tier = p_tier AND r.topic = v_topic
-                                                      AND r.segment = u.segment)))
+                                   AND u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)
                 AND NOT EXISTS (SELECT 1 FROM gov.user_caps uc WHERE uc.user_id = x.u)
                 AND NOT (p_topic IS NOT NULL
                          AND EXISTS (SELECT 1 FROM gov.user_topic_optouts o
@@ -622,7 +615,9 @@ $$;
 -- Decide one tier's messages for plain users (gov.plain_users: locked, and none of what
 -- makes a user's decision their own), each user with their own message id, in one
 -- statement, with the verdicts and the message, suppression and send rows
--- gov.decide_core gives each of them: every window of every rule counted per user (one
+-- gov.decide_core gives each of them: each user's group of rules (their segment's when the
+-- policy has one for the tier and topic, else the default ''), every window of every rule
+-- counted per user (one
 -- range scan per budget over its longest window), the first that blocks in decision
 -- order, the moment a slot frees for it. A fraction of a decision's cost per user. A
 -- user appears once (a second message of theirs would not see the first's spend).
@@ -651,7 +646,8 @@ AS $$
 DECLARE
     v_tier  gov.tiers%ROWTYPE;
     v_topic text := '';
-    v_spend text[];
+    v_spend text[] := '{}';
+    v_segmented boolean := false;
 BEGIN
     IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.moment_ahead_limit() THEN  -- as gov.decide_core
         RAISE EXCEPTION 'the moment of a decision must be a finite time at most % ahead of the database clock, not %',
@@ -662,25 +658,38 @@ BEGIN
         v_topic := CASE WHEN EXISTS (SELECT 1 FROM gov.caps c WHERE c.scope = 'topic' AND c.topic = p_topic)
                         THEN p_topic ELSE '*' END;
     END IF;
-    -- What an allowed message spends, as gov.decide_core writes it.
-    v_spend := CASE WHEN v_tier.exempt THEN '{}'::text[] ELSE ARRAY(
-        SELECT DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END
-          FROM gov.compiled_rules r
-         WHERE r.tier = p_tier AND r.topic = v_topic) END;
+    -- What an allowed message spends, as gov.decide_core writes it, and whether any segment
+    -- has rules of its own here (else every user reads group '', unasked).
+    IF NOT v_tier.exempt THEN
+        SELECT ARRAY(SELECT DISTINCT CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END
+                       FROM gov.compiled_rules r
+                      WHERE r.tier = p_tier AND r.topic = v_topic),
+               EXISTS (SELECT 1 FROM gov.compiled_rules r
+                        WHERE r.tier = p_tier AND r.topic = v_topic AND r.segment <> '')
+          INTO v_spend, v_segmented;
+    END IF;
     RETURN QUERY
-    WITH rules AS (
-        SELECT r.seq, r.scope, r.windows, r.caps,
+    WITH keyed AS (  -- each user's group of rules, as gov.decide_core chooses it
+        SELECT p.u, coalesce(g.seg, '') AS seg
+          FROM unnest(p_users) p(u)
+          LEFT JOIN LATERAL (SELECT u.segment AS seg FROM gov.users u
+                              WHERE v_segmented AND u.user_id = p.u
+                                AND EXISTS (SELECT 1 FROM gov.compiled_rules r
+                                             WHERE r.tier = p_tier AND r.topic = v_topic
+                                               AND r.segment = u.segment)) g ON true
+    ), rules AS (
+        SELECT r.segment, r.seq, r.scope, r.windows, r.caps,
                CASE WHEN r.scope = 'topic' THEN 'topic:' || p_topic ELSE r.budget END AS budget
           FROM gov.compiled_rules r
-         WHERE NOT v_tier.exempt AND r.tier = p_tier AND r.topic = v_topic AND r.segment = ''
+         WHERE NOT v_tier.exempt AND r.tier = p_tier AND r.topic = v_topic
     ), checked AS (
         SELECT p.u, r.seq, r.scope, r.budget, x.i, x.w, x.c,
                CASE WHEN x.i <= 4 THEN k.counts[x.i]
                     ELSE (SELECT count(*) FROM gov.sends s
                            WHERE s.user_id = p.u AND s.budget = r.budget
                              AND s.sent_at > p_now - x.w * interval '1 millisecond') END AS n
-          FROM unnest(p_users) p(u)
-         CROSS JOIN rules r
+          FROM keyed p
+          JOIN rules r ON r.segment = p.seg
          CROSS JOIN LATERAL (
                 SELECT ARRAY[count(*) FILTER (WHERE s.sent_at > p_now - r.windows[1] * interval '1 millisecond'),
                              count(*) FILTER (WHERE s.sent_at > p_now - r.windows[2] * interval '1 millisecond'),

@@ -17,7 +17,7 @@ from gov import policy as policy_mod
 from gov.aio import AsyncGovernor
 from gov.queries import q
 from gov.testing import PushService
-from gov.users import set_quiet_hours, set_time_zone
+from gov.users import set_quiet_hours, set_segment, set_time_zone
 from tests.aio import run_async
 from tests.integration.test_campaign_set import (
     CONTENT,
@@ -181,3 +181,40 @@ def test_messages_of_tiers_that_hold_are_decided_together_and_held_as_send_holds
     waiting = conn.execute("SELECT user_id, message_id, stands_for FROM gov.deferred WHERE state = 'waiting'"
                            " ORDER BY user_id").fetchall()
     assert waiting == [(u, "d3", 2) for u in sorted(users)]
+
+
+def test_users_of_a_segment_with_windows_of_its_own_are_decided_together_by_its_windows(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """POLICY gives the dormant segment one P2 a week: its users' second P2 is refused by that
+    window (the default allows one an hour), decided together, with no gov.decide_core."""
+    with conn.transaction():
+        policy_mod.apply(conn, policy_mod.parse_policy(POLICY), POLICY)
+        for i in range(10):
+            set_segment(conn, f"s{i}", "dormant" if i % 2 else "casual")
+
+    def batch(n: int) -> tuple[dict[int, tuple[Any, ...]], dict[str, int]]:
+        with psycopg.connect(db_url, autocommit=True) as c, c.transaction():
+            c.execute("SET LOCAL track_functions = 'pl'")
+            params = {
+                "shard_key": None, "user_ids": [f"s{i}" for i in range(10)], "message_ids": [f"m{n}"] * 10,
+                "tiers": ["P2"] * 10, "topics": [None] * 10, "campaign_ids": [None] * 10,
+                "contents": ['{"title": "t"}'] * 10, "collapse_keys": [None] * 10, "ttls": [None] * 10,
+                "now": T0 + timedelta(hours=2 * n),
+            }
+            got = {r[0]: r[1:6] for r in c.execute(q("send_batch"), params).fetchall()}
+            calls = dict(c.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                                   " WHERE schemaname = 'gov'").fetchall())
+        return got, calls
+
+    got, calls = batch(1)
+    assert set(got.values()) == {(True, None, None, None, None)}
+    assert calls.get("decide_together") == 1 and "decide_core" not in calls, calls
+    got, calls = batch(2)
+    assert calls.get("decide_together") == 1 and "decide_core" not in calls, calls
+    dormant = {n: v for n, v in got.items() if n % 2 == 0}  # ordinal n is user s{n-1}
+    casual = {n: v for n, v in got.items() if n % 2 == 1}
+    assert set(dormant.values()) == {(False, "drop", "cap_604800000ms", 1, 1)}, dormant
+    assert set(casual.values()) == {(True, None, None, None, None)}, casual
+    segments = conn.execute("SELECT DISTINCT segment FROM gov.push_suppressions WHERE message_id = 'm2'").fetchall()
+    assert segments == [("dormant",)]

@@ -43,6 +43,7 @@ SURFACE_TEST = "tests/migration/test_sql_surface.py"
 SUBSCRIBE_V1_HEAD = "CREATE FUNCTION gov.subscribe_v1(p_user_id text, p_endpoint text, p_p256dh text, p_auth text)\n"
 SUBSCRIBE_V1_BODY = "    RETURN gov.subscribe_v2(p_user_id, p_endpoint, p_p256dh, p_auth);\nEND;\n$$;\n"
 HOLDING_TIERS = "sql/migrations/0047_holding_tiers_batched.sql"
+SEGMENTS_TOGETHER = "sql/migrations/0048_segments_together.sql"
 EDF_ORDER = "ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id"
 PROBE = "tests/acceptance/test_http_probe.py::"
 LIMITS = "tests/acceptance/test_serve_limits.py::"
@@ -1401,6 +1402,18 @@ MUTANTS = [
         ((HOLDING_TIERS, "IF r_held.o_action IS DISTINCT FROM v_m.action OR r_held.o_reason",
           "IF false AND r_held.o_reason", 1),),
         ("tests/integration/test_send_batch.py",),
+    ),
+    Mutant(
+        "sg1_together_ignores_the_segment_windows",
+        "gov.decide_together reads the default group of rules for every user, whatever their segment",
+        ((SEGMENTS_TOGETHER, "JOIN rules r ON r.segment = p.seg", "JOIN rules r ON r.segment = ''", 1),),
+        ("tests/integration/test_send_batch.py", "tests/integration/test_campaign_set.py"),
+    ),
+    Mutant(
+        "sg2_together_never_looks_up_segments",
+        "gov.decide_together skips the segment lookup as if no segment had rules of its own",
+        ((SEGMENTS_TOGETHER, "WHERE v_segmented AND u.user_id = p.u", "WHERE false AND u.user_id = p.u", 1),),
+        ("tests/integration/test_campaign_set.py",),
     ),
 ]
 
