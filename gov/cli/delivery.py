@@ -152,6 +152,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
     import threading
 
     from gov.hold.release import Releaser
+    from gov.ops.signals import setting
 
     when = parse_at(at, decides=True)
     clock = (lambda: when) if when is not None else None
@@ -175,7 +176,7 @@ def release(once: bool, batch: int, at: str | None, dispatch: bool, idle: float,
         url = dsn(database_url, check_schema=True)
         releaser = Releaser(url, dispatcher=runner, batch=batch, clock=clock)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, setting(stop))  # (not stop.set: gov.ops.signals)
         try:
             releaser.run_forever(stop, idle_s=idle)
         except KeyboardInterrupt:

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gov.ops.signals import setting
+
 log = logging.getLogger("gov.delivery.processes")
 
 
@@ -153,7 +155,7 @@ def _child(make: Callable[[], Any], once: bool, idle_s: float, parent: int,
 def _run_here(make: Callable[[], Any], once: bool, idle_s: float) -> RunResult:
     result = RunResult()
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = signal.signal(signal.SIGTERM, setting(stop))  # (not stop.set: gov.ops.signals)
     try:
         with make() as runner:
             if once:

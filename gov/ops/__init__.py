@@ -1,2 +1,2 @@
-"""Operating gov: ``health`` (`gov check`), ``maintenance`` (`gov prune`, conservation)
-and ``metrics`` (Prometheus)."""
+"""Operating gov: ``health`` (`gov check`), ``maintenance`` (`gov prune`, conservation),
+``metrics`` (Prometheus) and ``signals`` (a loop stopped by SIGTERM)."""

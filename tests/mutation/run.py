@@ -1415,6 +1415,12 @@ MUTANTS = [
         ((SEGMENTS_TOGETHER, "WHERE v_segmented AND u.user_id = p.u", "WHERE false AND u.user_id = p.u", 1),),
         ("tests/integration/test_campaign_set.py",),
     ),
+    Mutant(
+        "sig1_handler_sets_the_event_itself",
+        "the SIGTERM handler of gov dispatch and gov release sets the stop event in the interrupted thread",
+        (("gov/ops/signals.py", "        _thread.start_new_thread(event.set, ())\n", "        event.set()\n", 1),),
+        ("tests/unit/test_signals.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
