@@ -204,18 +204,6 @@ MUTANTS = [
         ),
     ),
     Mutant(
-        "k_batch_sets_aside_a_tier_that_holds",
-        "gov.send_batch_v1 decides a deferring or collapsing tier's messages together: its held ones never queue",
-        (
-            ("sql/schema/20_decide.sql", "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
-             "JOIN gov.tiers t ON t.tier = msg.t", 1),
-            ("sql/migrations/0044_poison_inputs.sql",
-             "JOIN gov.tiers t ON t.tier = msg.t AND (t.exempt OR t.on_exceed = 'drop')",
-             "JOIN gov.tiers t ON t.tier = msg.t", 1),
-        ),
-        ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
-    ),
-    Mutant(
         "l_batch_failure_fails_every_message",
         "AsyncGovernor.send_batch gives a failed batch's error to all its messages instead of sending each alone",
         (
@@ -232,7 +220,7 @@ MUTANTS = [
         (
             ("sql/schema/20_decide.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
-            ("sql/migrations/0044_poison_inputs.sql", "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
+            (HOLDING_TIERS, "SELECT coalesce(p_ttls[d.n], t.default_ttl_s) AS ttl_s",
              "SELECT t.default_ttl_s AS ttl_s", 1),
         ),
         ("tests/integration/test_send_batch.py::test_a_batch_of_unrelated_messages_gives_each_what_send_gives_it_alone",),
