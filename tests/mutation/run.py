@@ -170,7 +170,7 @@ MUTANTS = [
         "gov.decide_together takes a user's first blocking window in window order, not decision order",
         (
             ("sql/schema/20_decide.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
-            ("sql/migrations/0044_poison_inputs.sql", "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
+            (SEGMENTS_TOGETHER, "ORDER BY ch.u, ch.seq, ch.i", "ORDER BY ch.u, ch.i, ch.seq", 1),
         ),
         ("tests/integration/test_campaign_set.py::test_a_batch_gives_every_user_the_one_by_one_decision",),
     ),
@@ -696,19 +696,18 @@ MUTANTS = [
     Mutant(
         "pt1_time_zone_always_plain",
         "a user with a time zone is plain whatever the hour: quiet hours skipped in the set path",
-        (("sql/migrations/0040_plain_time_zones.sql",
-          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false", 1),
+        ((SEGMENTS_TOGETHER, "u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false)", 1),
          ("sql/schema/20_decide.sql",
-          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false", 1)),
+          "u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "false)", 1)),
         ("tests/integration/test_send_batch.py",),
     ),
     Mutant(
         "pt2_time_zone_never_plain",
         "a user with a time zone is never plain (migration 0039's rule): decided one by one",
-        (("sql/migrations/0040_plain_time_zones.sql",
-          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL", 1),
+        ((SEGMENTS_TOGETHER,
+          "u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL)", 1),
          ("sql/schema/20_decide.sql",
-          "(u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL", 1)),
+          "u.time_zone IS NOT NULL AND gov.quiet_until(u.user_id, p_now) > p_now)", "u.time_zone IS NOT NULL)", 1)),
         ("tests/integration/test_send_batch.py::test_users_with_a_time_zone_are_decided_together_outside_their_quiet_hours_only",),
     ),
     Mutant(
@@ -721,7 +720,7 @@ MUTANTS = [
     Mutant(
         "fm2_batch_at_infinity",
         "gov.decide_together decides plain users at an infinite moment",
-        (("sql/migrations/0044_poison_inputs.sql", INF_TOGETHER, "    IF false THEN", 1),
+        ((SEGMENTS_TOGETHER, INF_TOGETHER, "    IF false THEN", 1),
          ("sql/schema/20_decide.sql", INF_TOGETHER, "    IF false THEN", 1)),
         ("tests/integration/test_hostile_moments.py",),
     ),
