@@ -1408,6 +1408,18 @@ MUTANTS = [
         (("gov/ops/signals.py", "        _thread.start_new_thread(event.set, ())\n", "        event.set()\n", 1),),
         ("tests/unit/test_signals.py",),
     ),
+    Mutant(
+        "ph1_values_stripped_both_ends",
+        "the push service's header reading strips a value's trailing blanks too (http.server keeps them)",
+        (("gov/testing/push_service.py", 'value.lstrip(" \\t").rstrip("\\r\\n")', 'value.strip()', 1),),
+        ("tests/unit/test_push.py",),
+    ),
+    Mutant(
+        "ph2_no_header_count_limit",
+        "the push service reads any number of header fields (http.client stops at 100)",
+        (("gov/testing/push_service.py", "if len(fields) == _MAX_HEADERS:\n", "if False:\n", 1),),
+        ("tests/unit/test_push.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -689,3 +689,42 @@ def test_service_refuses_missing_or_old_style_authorization(hand: _Hand) -> None
 
 def test_service_answers_404_for_an_unknown_endpoint(hand: _Hand) -> None:
     _refused(hand.post(endpoint=f"{hand.service.origin}/push/nobody"), 404, "no such")
+
+
+def _raw(service: PushService, head: bytes) -> bytes:
+    """Send ``head`` (a request line and header block, no body); the answer, up to its close."""
+    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as sock:
+        sock.sendall(head)
+        return sock.makefile("rb").read()
+
+
+def test_header_fields_are_read_as_sent_without_their_leading_blanks(push_service: PushService) -> None:
+    browser = push_service.subscribe()
+    path = browser.endpoint.removeprefix(push_service.origin).encode()
+    # no Content-Length: refused 411, after the head was read and recorded
+    head = b"POST " + path + b" HTTP/1.1\r\nX-Note: \t said twice  \r\nTTL:60\r\n\r\n"
+    assert _raw(push_service, head).split()[1] == b"411"
+    (received,) = push_service.received
+    assert received.headers == {"x-note": "said twice  ", "ttl": "60"}  # leading blanks only, as http.server
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        # no version, or one that is not 1.x: answered as HTTP/0.9 (no status line), as http.server does
+        (b"POST /push/x\r\n\r\n", None),
+        (b"POST /push/x HTTP/2.0\r\n\r\n", None),
+        (b"POST /push/x HTTP/1.1\r\nTTL: 60\r\n folded: on\r\n\r\n", b"400"),  # obs-fold
+        (b"POST /push/x HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"POST /push/x HTTP/1.1\r\nBad Name: x\r\n\r\n", b"400"),
+        (b"POST /push/x HTTP/1.1\r\n" + b"A: b\r\n" * 101 + b"\r\n", b"431"),
+        (b"POST /push/x HTTP/1.1\r\nA: " + b"b" * 65536 + b"\r\n\r\n", b"431"),
+    ],
+)
+def test_service_refuses_a_malformed_head(push_service: PushService, head: bytes, status: bytes | None) -> None:
+    answer = _raw(push_service, head)
+    if status is None:
+        assert not answer.startswith(b"HTTP/") and b"Error code: 400" in answer
+    else:
+        assert answer.split()[1] == status
+    assert push_service.received == []  # refused before the request was looked at
