@@ -728,3 +728,10 @@ def test_service_refuses_a_malformed_head(push_service: PushService, head: bytes
     else:
         assert answer.split()[1] == status
     assert push_service.received == []  # refused before the request was looked at
+
+
+def test_answers_carry_the_current_date(hand: _Hand) -> None:
+    for _ in range(2):  # the second answer's Date is the formatted one kept for its second
+        answer = hand.post()
+        when = email.utils.parsedate_to_datetime(answer.headers["Date"]).timestamp()
+        assert abs(when - time.time()) < 5
