@@ -376,6 +376,10 @@ CREATE TABLE gov.outbox (
 CREATE INDEX outbox_due ON gov.outbox (next_attempt_at) WHERE state IN ('pending', 'sending');
 -- a 404/410 ends the endpoint's other rows still to do at once
 CREATE INDEX outbox_subscription_todo ON gov.outbox (subscription_id) WHERE state IN ('pending', 'sending');
+-- the claim of given rows (gov.send's own attempt, the releaser's, a runner handed rows)
+-- finds them by id: the primary key leads with user_id, so without this each such claim
+-- read the key index across every user (migration 0049)
+CREATE INDEX outbox_todo_by_id ON gov.outbox (id) WHERE state IN ('pending', 'sending');
 
 -- Every attempt's outcome, for operators and analysts.
 CREATE TABLE gov.delivery_attempts (

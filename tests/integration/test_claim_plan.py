@@ -55,3 +55,33 @@ def test_a_runner_plans_its_claim_once_per_session_not_per_call(db_url: str, pus
         anything = _claim_plans(c, [("w", 1 + i, T0 - timedelta(seconds=i + 1), None) for i in range(CALLS)])
     # one plan per session and form: the first generic one (another only after an ANALYZE)
     assert given <= 2 and anything <= 2, (given, anything)
+
+
+def test_a_claim_of_given_rows_finds_them_by_id_not_across_every_user(db_url: str) -> None:
+    """The claim of given rows names them by id alone; the key is (user_id, id). It must find
+    them through an index on id (gov.outbox_todo_by_id, migration 0049), not by reading the
+    key index across every user: 215 index pages for ten rows among 2,000 users, 3.7 ms."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        # 2,000 users with 20,000 finished rows, and ten rows to do
+        c.execute("""
+            INSERT INTO gov.subscriptions (user_id, endpoint, p256dh, auth)
+            SELECT 'u' || g, 'https://push.example/' || g, 'k', 'a' FROM generate_series(1, 2000) g""")
+        c.execute("""
+            INSERT INTO gov.outbox (user_id, message_id, subscription_id, state, next_attempt_at, created_at,
+                                    finished_at)
+            SELECT s.user_id, 'm' || k, s.id, CASE WHEN k = 0 AND s.id <= 10 THEN 'pending' ELSE 'delivered' END,
+                   %(t)s, %(t)s, CASE WHEN k = 0 AND s.id <= 10 THEN NULL ELSE %(t)s END
+              FROM gov.subscriptions s, generate_series(0, 9) k""", {"t": T0})
+        c.execute("ANALYZE gov.outbox")
+        (ids,) = c.execute("SELECT array_agg(id) FROM gov.outbox WHERE state = 'pending'").fetchone()
+        (by_id,) = c.execute("SELECT 'gov.outbox_todo_by_id'::regclass::oid").fetchone()
+        details: list[str] = []
+        c.add_notice_handler(lambda d: details.append(d.message_detail or ""))
+        c.execute("SET debug_print_plan = on")
+        c.execute("SET client_min_messages = log")
+        claimed = c.execute(CLAIM, ("w", 10, T0 + timedelta(minutes=1), ids)).fetchall()
+        c.execute("RESET client_min_messages")
+        c.execute("RESET debug_print_plan")
+    assert sorted(r[0] for r in claimed) == sorted(ids)
+    (plan,) = [d for d in details if ":ctename due" in d]
+    assert f":indexid {by_id} " in plan

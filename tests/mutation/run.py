@@ -1420,6 +1420,12 @@ MUTANTS = [
         (("gov/testing/push_service.py", "if len(fields) == _MAX_HEADERS:\n", "if False:\n", 1),),
         ("tests/unit/test_push.py",),
     ),
+    Mutant(
+        "ob1_outbox_todo_not_by_id",
+        "migration 0049 indexes the outbox rows to do by another column than id",
+        (("sql/migrations/0049_outbox_todo_by_id.sql", "gov.outbox (id) WHERE", "gov.outbox (created_at) WHERE", 1),),
+        ("tests/integration/test_claim_plan.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
