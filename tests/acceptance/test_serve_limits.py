@@ -226,11 +226,18 @@ def test_a_body_in_one_byte_chunks_is_still_a_body(start: Callable[..., Server])
     chunked = b"".join(b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n"
     head = send_head(b"", b"Connection: close\r\n").replace(b"Content-Length: 0\r\n",
                                                              b"Transfer-Encoding: chunked\r\n")
-    with server.connect() as sock:  # in pieces, as a slow link delivers it: the bound is checked mid-body
+    # The head, then two thirds of the body, then the rest, with pauses between: the bound is
+    # checked on each read before the body ends, so the server must read those two thirds,
+    # whose framing (five bytes a byte, 26,850) is past a bound of one byte a byte plus a head's
+    # worth (21,754), before the rest arrives. (Sent in small pieces, one read may hold nearly
+    # all of it, and the read that ends the body is parsed, not checked.)
+    part = 6 * (2 * len(body) // 3)  # whole one-byte chunks
+    with server.connect() as sock:
         sock.sendall(head)
-        for i in range(0, len(chunked), 2048):
-            sock.sendall(chunked[i:i + 2048])
-            time.sleep(0.002)
+        time.sleep(0.1)
+        sock.sendall(chunked[:part])
+        time.sleep(0.3)
+        sock.sendall(chunked[part:])
         answer = closed(sock)
     assert answer.startswith(b"HTTP/1.1 422") and b"payload" in answer, answer[:300]
 
