@@ -511,3 +511,29 @@ def test_a_drain_goes_on_when_a_batch_claimed_ahead_waited_its_lease_away(
     assert len(push.received) == 12, stats.outcomes
     untouched = conn.execute("SELECT count(*) FROM gov.outbox WHERE attempts = 0").fetchone()
     assert untouched == (0,), stats.outcomes
+
+
+def test_given_rows_of_several_users_are_claimed_in_one_statement_on_one_server(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """gov serve's and AsyncGovernor's delivery hand the runner a batch's rows with their
+    users as shard keys (a cluster's claim runs on each user's shard). One server has one
+    shard: the batch is one claim, not one per user."""
+    for i in range(5):
+        gov.subscribe(f"k{i}", push.subscribe(f"k{i}").info)
+        gov.send(Message(user_id=f"k{i}", id=f"k{i}", tier="P0", title="hi"), deliver=False)
+    with Dispatcher(db_url, signer, workers=2, clock=clock) as runner:
+        claims: list[object] = []
+        execute = runner.source.execute
+
+        def counted(query: Any, params: Any, **kwargs: Any) -> Any:
+            if "claim_outbox_v3" in str(query):
+                claims.append(params["shard_key"])
+            return execute(query, params, **kwargs)
+
+        runner.source.execute = counted  # type: ignore[method-assign]
+        stats = runner.run_once(ids=[_outbox_id(conn, f"k{i}") for i in range(5)],
+                                shard_keys=[f"k{i}" for i in range(5)])
+    assert stats.outcomes.get("delivered") == 5
+    assert claims == [None]
+    assert len(push.delivered()) == 5

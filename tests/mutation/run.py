@@ -1426,6 +1426,13 @@ MUTANTS = [
         (("sql/migrations/0049_outbox_todo_by_id.sql", "gov.outbox (id) WHERE", "gov.outbox (created_at) WHERE", 1),),
         ("tests/integration/test_claim_plan.py",),
     ),
+    Mutant(
+        "sk1_a_claim_per_given_key_on_one_server",
+        "on one server the runner claims given rows once per shard key it is handed (one per user)",
+        (("gov/delivery/runner.py", "        if shard_keys is not None and keys != [None]:\n",
+          "        if shard_keys is not None:\n", 1),),
+        ("tests/integration/test_delivery_robust.py::test_given_rows_of_several_users_are_claimed_in_one_statement_on_one_server",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
