@@ -3,6 +3,7 @@ and a strict local push service that checks it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,16 @@ from gov.testing.postgres import TemplateDatabases, server_url
 pytest_plugins = ["gov.testing.pytest_plugin"]
 
 SUBJECT = "mailto:push-ops@example.com"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (pyproject's addopts): the citus tier on a cluster given in
+    $GOV_TEST_CITUS_URL runs in one process, since every test there empties the same
+    database; the harness's own clusters are one per process. Else xdist's default."""
+    marks = config.option.markexpr or ""
+    if os.environ.get("GOV_TEST_CITUS_URL") and "citus" in marks.replace("not citus", ""):
+        return 0
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -1463,8 +1463,10 @@ def run_tests(where: Path, tests: tuple[str, ...]) -> subprocess.CompletedProces
     env = {**os.environ, "PYTHONPATH": str(where)}
     return subprocess.run(
         # a base directory of its own: pytest keeps only the newest three under
-        # /tmp/pytest-of-<user>, so a session beside another (CI) would delete that one's
-        [str(PYTHON), "-m", "pytest", "-q", "--timeout", "120", "--basetemp", str(where / ".pytest-tmp"), *tests],
+        # /tmp/pytest-of-<user>, so a session beside another (CI) would delete that one's;
+        # -n 0: a mutant's few tests in this process (workers would each start a server first)
+        [str(PYTHON), "-m", "pytest", "-q", "-n", "0", "--timeout", "120", "--basetemp", str(where / ".pytest-tmp"),
+         *tests],
         cwd=where, env=env, capture_output=True, text=True,
     )
 
