@@ -22,6 +22,7 @@ its samples there, and the parent's HTTP server sums them.
 from __future__ import annotations
 
 import atexit
+import glob
 import logging
 import os
 import shutil
@@ -151,15 +152,40 @@ def expose(port: int, host: str = DEFAULT_HOST, *, processes: int = 1) -> Expose
 
     registry: Any = prometheus_client.REGISTRY
     if os.environ.get(MULTIPROC_ENV):
-        from prometheus_client import multiprocess
-
         registry = prometheus_client.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        registry.register(_SummedProcesses(os.environ[MULTIPROC_ENV]))
     try:
         server, thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
     return Exposed(server, thread)
+
+
+def _started(path: str) -> bool:
+    try:
+        return os.stat(path).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+class _SummedProcesses:
+    """The library's sum over the processes' files (``MultiProcessCollector``), without a
+    file still empty.
+
+    A process creates its file and sizes it a moment later; a scrape that read it in
+    between failed whole (struct.error: a 500 for every metric), and a process killed in
+    that moment left the empty file behind, failing every scrape after it
+    (prometheus/client_python#1199, open in 0.26). An empty file holds no sample yet.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Any:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _started(f)]
+        return MultiProcessCollector.merge(files, accumulate=True)
 
 
 def _multiprocess_dir() -> str:

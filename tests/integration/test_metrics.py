@@ -340,6 +340,44 @@ def test_several_processes_are_summed(tmp_path: Path, start_method: str) -> None
     assert samples[("gov_push_attempt_seconds_count", ())] == 3 * 5 + 1
 
 
+EMPTY_FILE_SCRIPT = '''
+import multiprocessing
+import os
+import urllib.request
+
+from gov.ops import metrics
+
+
+def work(n):
+    for _ in range(n):
+        metrics.observe_attempt("accepted", 201, 0.01)
+
+
+if __name__ == "__main__":
+    exposed = metrics.expose(0, processes=2)
+    worker = multiprocessing.get_context("fork").Process(target=work, args=(4,))
+    worker.start()
+    worker.join()
+    # a process's file as it is between its creation and its sizing: left behind for good
+    # when the process is killed in that moment
+    open(os.path.join(os.environ[metrics.MULTIPROC_ENV], "counter_4194301.db"), "wb").close()
+    print(urllib.request.urlopen(f"http://127.0.0.1:{exposed.port}/metrics", timeout=10).read().decode())
+    exposed.stop()
+'''
+
+
+def test_a_process_file_still_empty_does_not_fail_the_scrape(tmp_path: Path) -> None:
+    """prometheus/client_python#1199: the library's collector fails every scrape (500) on
+    an empty file, which a runner process leaves behind when killed right after creating it."""
+    script = tmp_path / "runner.py"
+    script.write_text(EMPTY_FILE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in (gov_metrics.MULTIPROC_ENV, "GOV_METRICS_MULTIPROC")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    samples, _ = parse(done.stdout)
+    assert samples[("gov_push_attempts_total", L(outcome="accepted", status_class="2xx"))] == 4
+
+
 def test_gov_serve_process_takes_the_scrape_token_from_the_environment(db_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOV_VAPID")}
     env.update({"GOV_DATABASE_URL": db_url, "GOV_API_TOKEN": TOKEN, "GOV_METRICS_TOKEN": SCRAPE_TOKEN})

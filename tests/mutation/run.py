@@ -1433,6 +1433,12 @@ MUTANTS = [
           "        if shard_keys is not None:\n", 1),),
         ("tests/integration/test_delivery_robust.py::test_given_rows_of_several_users_are_claimed_in_one_statement_on_one_server",),
     ),
+    Mutant(
+        "pm1_an_empty_process_file_is_read",
+        "a scrape reads a runner process's metrics file while it is still empty (the library's 500)",
+        (("gov/ops/metrics.py", "        return os.stat(path).st_size > 0\n", "        return True\n", 1),),
+        ("tests/integration/test_metrics.py::test_a_process_file_still_empty_does_not_fail_the_scrape",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
