@@ -3,13 +3,12 @@
 -- releaser, the runner, record_event).
 
 -- name: sim_outbox_outcomes
--- What became of the outbox rows a tick queued, one row per (message, endpoint), in a
--- fixed order so the engagement draws never depend on which worker delivered first.
+-- What became of outbox rows the runners did not report (not claimed: not due yet, or
+-- ended meanwhile), one row per (message, endpoint); the caller orders them with the rest.
 -- Rows by the outbox's key, (user id, id): by id alone the key index is read whole.
 SELECT o.id, o.user_id, o.message_id, o.subscription_id, o.state
   FROM unnest(%(users)b::text[], %(ids)b::bigint[]) AS k(user_id, id)
-  JOIN gov.outbox o ON o.user_id = k.user_id AND o.id = k.id
- ORDER BY o.user_id, o.message_id, o.subscription_id;
+  JOIN gov.outbox o ON o.user_id = k.user_id AND o.id = k.id;
 
 -- name: sim_dispositions
 -- Every message the teams handed to gov, by tier and topic, by what finally became of it.

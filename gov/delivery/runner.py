@@ -81,12 +81,30 @@ ORIGIN_OK_MEMORY_S = 300.0  # an origin that accepted a request this recently is
 SUBSCRIPTION_RETIRE_AFTER = 3  # 401/403 answers to one subscription while its origin accepts others
 
 
+@dataclass(frozen=True)
+class RowState:
+    """A given row after its attempt: the state its record wrote ('released': pending again, unsent)."""
+
+    outbox_id: int
+    user_id: str
+    message_id: str
+    subscription_id: int
+    state: str
+
+
 @dataclass
 class DispatchStats:
-    """What one drain did, by final outcome of each attempt."""
+    """What one drain did, by final outcome of each attempt.
+
+    ``rows``: for a drain of given rows (``run_once(ids=...)``), each row it claimed, with
+    the state its record wrote, in outbox id order; a given row not among them was not
+    claimed (not due, or no longer to do). Empty for a drain of whatever is due: a backlog
+    is not kept in memory.
+    """
 
     attempts: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    rows: list[RowState] = field(default_factory=list)
 
     def add(self, outcome: str) -> None:
         self.attempts += 1
@@ -266,10 +284,14 @@ class Dispatcher:
                 break
             lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
             attempts = self._deliver_batch(_by_subscription(claimed), lease_ends)
-            states = self._record(attempts)
+            recorded = self._record(attempts)
+            states = [state for _, state in recorded]
             for state in states:
                 stats.add(state)
             if remaining is not None:
+                by_id = {row.outbox_id: row for row in claimed}
+                stats.rows += [RowState(i, by_id[i].user_id, by_id[i].message_id, by_id[i].subscription_id, state)
+                               for i, state in recorded]
                 # each given row is attempted once here; what failed waits for its retry time
                 remaining -= {row.outbox_id for row in claimed}
             elif all(state == "released" for state in states):
@@ -305,7 +327,7 @@ class Dispatcher:
             waiter = self._start_batch(_by_subscription(claimed), lease_ends)
             try:
                 if unrecorded is not None:
-                    states = self._record(unrecorded)
+                    states = [state for _, state in self._record(unrecorded)]
                     unrecorded = None
                     for state in states:
                         stats.add(state)
@@ -331,7 +353,7 @@ class Dispatcher:
                 next_claimed, next_ends = self._claim_batch()
             claimed, lease_ends = next_claimed, next_ends
         if unrecorded is not None:
-            for state in self._record(unrecorded):
+            for _, state in self._record(unrecorded):
                 stats.add(state)
         return stats
 
@@ -565,8 +587,9 @@ class Dispatcher:
                 self._checked.clear()
             self._checked[key] = now + self.guard.cache_s
 
-    def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
-        """Record a batch's attempts in one call and one commit; return each row's new state.
+    def _record(self, attempts: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        """Record a batch's attempts in one call and one commit; return each row's id and new
+        state, in id order.
 
         Fenced by each claim's token: a row this runner no longer holds is ``stale`` (its
         attempt is not recorded; reported here). Should the batch's call fail on one row's
@@ -593,7 +616,7 @@ class Dispatcher:
                     attempt["outcome"],
                     extra={"action": "stale_record"},
                 )
-        return states
+        return [(int(attempt["outbox_id"]), state) for attempt, state in zip(attempts, states, strict=True)]
 
     def _record_alone(self, attempt: dict[str, Any]) -> str:
         try:

@@ -537,3 +537,31 @@ def test_given_rows_of_several_users_are_claimed_in_one_statement_on_one_server(
     assert stats.outcomes.get("delivered") == 5
     assert claims == [None]
     assert len(push.delivered()) == 5
+
+
+def test_a_drain_of_given_rows_reports_what_became_of_each(
+    db_url: str, gov: Governor, push: PushService, signer: VapidSigner, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """run_once(ids=...) reports each row it claimed with the state its record wrote, the
+    state the row then has (the simulation reads outcomes from it instead of the table); a
+    given row it did not claim (not due yet) is not reported, and a drain of whatever is
+    due reports no rows."""
+    answers = {"ok": 201, "gone": 410, "busy": 503}
+    for user, status in answers.items():
+        browser = push.subscribe(user)
+        gov.subscribe(user, browser.info)
+        push.script(browser, [status])
+        gov.send(Message(user_id=user, id=f"{user}-1", tier="P0", title="hi"), deliver=False)
+    gov.send(Message(user_id="ok", id="later", tier="P0", title="hi"), deliver=False)
+    conn.execute("UPDATE gov.outbox SET next_attempt_at = next_attempt_at + interval '1 hour'"
+                 " WHERE message_id = 'later'")
+    given = [_outbox_id(conn, m) for m in ("ok-1", "gone-1", "busy-1", "later")]
+    with Dispatcher(db_url, signer, workers=2, clock=clock) as runner:
+        stats = runner.run_once(ids=given)
+        assert runner.run_once().rows == []
+    table = {(r[0], r[1], r[2], r[3]): r[4] for r in conn.execute(
+        "SELECT id, user_id, message_id, subscription_id, state FROM gov.outbox").fetchall()}
+    reported = {(r.outbox_id, r.user_id, r.message_id, r.subscription_id): r.state for r in stats.rows}
+    assert [r.outbox_id for r in stats.rows] == sorted(given[:3])
+    assert reported == {key: state for key, state in table.items() if key[2] != "later"}
+    assert sorted(reported.values()) == ["delivered", "gone", "pending"]

@@ -1439,6 +1439,32 @@ MUTANTS = [
         (("gov/ops/metrics.py", "        return os.stat(path).st_size > 0\n", "        return True\n", 1),),
         ("tests/integration/test_metrics.py::test_a_process_file_still_empty_does_not_fail_the_scrape",),
     ),
+    Mutant(
+        "rp2_given_rows_report_a_made_up_state",
+        "a drain of given rows reports each row as delivered, not the state its record wrote",
+        (("gov/delivery/runner.py", "                               for i, state in recorded]\n",
+          "                               for i, _ in recorded for state in ['delivered']]\n", 1),),
+        ("tests/integration/test_delivery_robust.py::test_a_drain_of_given_rows_reports_what_became_of_each",),
+    ),
+    Mutant(
+        "sf1_released_is_not_pending",
+        "the simulation takes a row handed back unsent ('released') as ended, not pending again",
+        (("gov/lab/simulate/engine.py", '"pending" if r[4] == "released" else r[4]', "r[4]", 1),),
+        ("tests/unit/test_simulate_fates.py",),
+    ),
+    Mutant(
+        "sf2_stale_rows_are_believed",
+        "the simulation believes a row its runner found taken ('stale') instead of reading it back",
+        (("gov/lab/simulate/engine.py", ' for r in reported or () if r[4] != "stale"]',
+          " for r in reported or ()]", 1),),
+        ("tests/unit/test_simulate_fates.py",),
+    ),
+    Mutant(
+        "sf3_rows_in_id_order",
+        "the simulation reacts to a tick's rows in outbox id order, not by user, message and subscription",
+        (("gov/lab/simulate/engine.py", "key=lambda r: (r[1], r[2], r[3]))", "key=lambda r: r[0])", 1),),
+        ("tests/unit/test_simulate_fates.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

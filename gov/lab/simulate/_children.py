@@ -74,12 +74,20 @@ def runner_main() -> None:
         print(json.dumps("ready"), flush=True)
 
         def handle(command: str, argument: Any) -> Any:
-            now, ids = argument  # "run": deliver these outbox rows, as of now
+            """"run": deliver these outbox rows as of now; answer the attempts made and each
+            claimed row's (id, user, message, subscription, recorded state), or None for the
+            rows when they took several batches (a later batch's 404/410 may end a row an
+            earlier one recorded: the parent then reads the rows back)."""
+            now, ids = argument
             clock.now = datetime.fromisoformat(now)
             attempts = 0
+            rows: list[Any] | None = []
             for start in range(0, len(ids), runner.batch):
-                attempts += runner.run_once(ids=ids[start : start + runner.batch]).attempts
-            return attempts
+                stats = runner.run_once(ids=ids[start : start + runner.batch])
+                attempts += stats.attempts
+                rows = None if start else [[r.outbox_id, r.user_id, r.message_id, r.subscription_id, r.state]
+                                           for r in stats.rows]
+            return [attempts, rows]
 
         _serve_lines(handle)
 

@@ -67,6 +67,7 @@ from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
 
 Row = tuple[str, int]  # an outbox row by the outbox's key: (user id, outbox id)
+Fate = tuple[Any, ...]  # what became of an outbox row: (id, user id, message id, subscription id, state)
 
 CHILD_SCRIPT = Path(__file__).with_name("_children.py")
 #: A cap no simulated user can reach: the governor is "off" while every code path stays on.
@@ -184,6 +185,26 @@ class PushHost(_Child):
         return int(received), int(accepted)
 
 
+def what_became(reported: list[Fate] | None, keys: Sequence[Row],
+                read_back: Callable[[list[Row]], list[Fate]]) -> list[Fate]:
+    """What became of the outbox rows ``keys`` after the runners' drain, in a fixed order
+    (user, message, subscription; by code point, whatever the server's collation), so the
+    engagement draws never depend on which worker delivered first.
+
+    A row the runners ``reported`` has the state its record wrote ('released': pending
+    again, unsent); the rows they did not claim (not due yet, or ended meanwhile), could
+    not vouch for (``reported`` is None) or found taken ('stale') are ``read_back`` from
+    the outbox. (Reading every row back cost a statement on the deliver stage's critical
+    path each tick: docs/performance.md, stop 49.)
+    """
+    rows = [(*r[:4], "pending" if r[4] == "released" else r[4]) for r in reported or () if r[4] != "stale"]
+    known = {r[0] for r in rows}
+    unknown = [(u, i) for u, i in keys if i not in known]
+    if unknown:
+        rows += read_back(unknown)
+    return sorted(rows, key=lambda r: (r[1], r[2], r[3]))
+
+
 class Runners:
     """gov's runner in ``n`` child processes; a tick's outbox rows are shared out among them."""
 
@@ -198,10 +219,12 @@ class Runners:
             self.close()
             raise
 
-    def run(self, now: datetime, ids: Sequence[int]) -> int:
-        """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return the attempts made."""
+    def run(self, now: datetime, ids: Sequence[int]) -> list[Fate] | None:
+        """Deliver the outbox rows ``ids`` as of ``now``, in parallel; return each claimed row as
+        (id, user, message, subscription, state), the state its record wrote, or None when
+        a runner could not vouch for its rows (see ``_children.runner_main``)."""
         if not ids:
-            return 0
+            return []
         # Each runner's share costs a claim and a record call of fixed cost (about 2 ms
         # each in PostgreSQL; the claim's statement is planned on about a third of its
         # calls, 3.3 ms a plan, docs/performance.md stop 40) and a round trip to the
@@ -216,7 +239,10 @@ class Runners:
             busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
         for child, part in busy:  # all start, then all are awaited
             child._send(["run", [now.isoformat(), part]])
-        return sum(int(child._receive()) for child, _ in busy)
+        answers = [child._receive() for child, _ in busy]
+        if any(rows is None for _, rows in answers):
+            return None
+        return [tuple(row) for _, rows in answers for row in rows]
 
     def close(self) -> None:
         for child in self._children:
@@ -569,9 +595,8 @@ class Engine:
         if not keys:
             return []
         # only rows this simulation queued: an idle tick costs no claim at all
-        runners.run(now, [i for _, i in keys])
-        rows = gov.source.execute(q("sim_outbox_outcomes"),
-                                  {"users": [u for u, _ in keys], "ids": [i for _, i in keys]})
+        rows = what_became(runners.run(now, [i for _, i in keys]), keys, lambda unknown: gov.source.execute(
+            q("sim_outbox_outcomes"), {"users": [u for u, _ in unknown], "ids": [i for _, i in unknown]}))
         pending: list[Row] = []
         messages: list[tuple[str, str, int]] = []  # (user, message, the endpoint the user looks at)
         group: list[tuple[Any, ...]] = []

@@ -1,0 +1,43 @@
+"""What became of a tick's outbox rows: the runners' report, and the rows read back."""
+
+from __future__ import annotations
+
+from gov.lab.simulate.engine import Fate, Row, what_became
+
+
+def _reader(table: dict[int, Fate], asked: list[list[Row]]):  # type: ignore[no-untyped-def]
+    def read_back(keys: list[Row]) -> list[Fate]:
+        asked.append(keys)
+        return [table[i] for _, i in keys if i in table]
+    return read_back
+
+
+def test_reported_rows_are_not_read_back_and_a_released_row_is_pending() -> None:
+    asked: list[list[Row]] = []
+    reported: list[Fate] = [(1, "u1", "m", 10, "delivered"), (2, "u2", "m", 20, "released")]
+    rows = what_became(reported, [("u1", 1), ("u2", 2)], _reader({}, asked))
+    assert rows == [(1, "u1", "m", 10, "delivered"), (2, "u2", "m", 20, "pending")]
+    assert asked == []
+
+
+def test_rows_not_claimed_stale_or_unvouched_for_are_read_back() -> None:
+    table: dict[int, Fate] = {2: (2, "u2", "m", 20, "pending"), 3: (3, "u3", "m", 30, "gone"),
+                              1: (1, "u1", "m", 10, "delivered")}
+    asked: list[list[Row]] = []
+    keys: list[Row] = [("u1", 1), ("u2", 2), ("u3", 3)]
+    rows = what_became([(1, "u1", "m", 10, "delivered"), (3, "u3", "m", 30, "stale")], keys, _reader(table, asked))
+    assert asked == [[("u2", 2), ("u3", 3)]]
+    assert rows == [table[1], table[2], table[3]]
+    asked.clear()
+    assert what_became(None, keys, _reader(table, asked)) == [table[1], table[2], table[3]]
+    assert asked == [keys]
+
+
+def test_the_order_is_user_message_subscription_by_code_point() -> None:
+    """The engagement draws follow this order, so it must not depend on who delivered
+    first, nor on the server's collation ('U' sorts before 'a' by code point only)."""
+    reported: list[Fate] = [(5, "u2", "b", 1, "delivered"), (4, "u2", "a", 2, "delivered"),
+                            (3, "u2", "a", 1, "delivered"), (2, "a1", "z", 9, "delivered"),
+                            (1, "U9", "z", 9, "delivered")]
+    rows = what_became(reported, [(r[1], r[0]) for r in reported], _reader({}, []))
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
