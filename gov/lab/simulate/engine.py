@@ -185,6 +185,15 @@ class PushHost(_Child):
         return int(received), int(accepted)
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """What a tick's deliver stage left: rows still in flight, and who had unsubscribed once
+    its users had reacted (taken here, before the next stage's users react)."""
+
+    pending: list[Row]
+    unsubscribed: frozenset[int]
+
+
 def what_became(reported: list[Fate] | None, keys: Sequence[Row],
                 read_back: Callable[[list[Row]], list[Fate]]) -> list[Fate]:
     """What became of the outbox rows ``keys`` after the runners' drain, in a fixed order
@@ -211,10 +220,14 @@ class Runners:
     def __init__(self, n: int, dsn: str, key_path: Path, workers: int, now: datetime) -> None:
         self._children: list[_Child] = []
         self._turn = 0
+        # two ticks' deliveries may be in flight (Engine): a child serves one at a time
+        self._free: list[threading.Lock] = []
+        self._turn_lock = threading.Lock()
         try:
             for _ in range(n):
                 setup = {"dsn": dsn, "key": str(key_path), "workers": workers, "now": now.isoformat()}
                 self._children.append(_Child("runner_main", setup))
+                self._free.append(threading.Lock())
         except Exception:
             self.close()
             raise
@@ -231,15 +244,30 @@ class Runners:
         # child. Most ticks queue a few rows: they go to one runner, in turn, whose
         # workers take them at once; a campaign's tick is shared out.
         # Which runner delivers a row changes no outcome (read back in a fixed order).
+        n = len(self._children)
         if len(ids) < SHARE_FROM:
-            self._turn = (self._turn + 1) % len(self._children)
-            busy = [(self._children[self._turn], list(ids))]
+            with self._turn_lock:  # the next runner in turn, or the first free one after it
+                self._turn = (self._turn + 1) % n
+                turn = self._turn
+            mine = next((k for k in ((turn + j) % n for j in range(n)) if self._free[k].acquire(blocking=False)),
+                        None)
+            if mine is None:
+                self._free[turn].acquire()
+                mine = turn
+            held, busy = [mine], [(self._children[mine], list(ids))]
         else:
-            parts = [list(ids[i :: len(self._children)]) for i in range(len(self._children))]
+            held = list(range(n))
+            for k in held:  # in index order, the one order every taker of several uses: no cycle
+                self._free[k].acquire()
+            parts = [list(ids[i::n]) for i in range(n)]
             busy = [(child, part) for child, part in zip(self._children, parts, strict=True) if part]
-        for child, part in busy:  # all start, then all are awaited
-            child._send(["run", [now.isoformat(), part]])
-        answers = [child._receive() for child, _ in busy]
+        try:
+            for child, part in busy:  # all start, then all are awaited
+                child._send(["run", [now.isoformat(), part]])
+            answers = [child._receive() for child, _ in busy]
+        finally:
+            for k in held:
+                self._free[k].release()
         if any(rows is None for _, rows in answers):
             return None
         return [tuple(row) for _, rows in answers for row in rows]
@@ -381,6 +409,12 @@ class Engine:
     sends). The one thing sending needs from reacting, who has unsubscribed, it takes
     as of the tick before, so an unsubscribe takes effect one tick (five simulated
     minutes) later — however the threads are scheduled.
+
+    Two ticks' deliver stages may overlap: a tick's runners start as soon as its sends
+    are done, while the tick before is still delivering, and its users react once the
+    tick before has reacted (reactions stay in tick order). Rows a deliver stage leaves
+    in flight (a retry due later) are handed to the stage after next, the first one
+    started after it ended, whatever the timing.
     """
 
     def __init__(self, dsn: str, config: SimConfig, *, governed: bool, progress: Progress | None = None) -> None:
@@ -499,13 +533,13 @@ class Engine:
         # outbox rows are named by the outbox's key, (user id, outbox id), all the way to
         # sim_outbox_outcomes: by id alone it would scan the whole key index every tick
         gone: frozenset[int] = frozenset()  # who had unsubscribed as of the last finished deliver stage
-        delivering: Future[list[Row]] | None = None  # the previous tick's deliver stage
+        delivering: Future[Delivered] | None = None  # the previous tick's deliver stage
 
         (distributed,) = gov.source.execute(q("distributed"), {})[0]
         # [timing] on: the priors gov.best_slot reads are refreshed at every simulated
         # midnight, as the daily cron a deployment runs (gov.refresh_timing_curves_v1)
         (timing,) = gov.source.execute(q("sim_timing_enabled"), {})[0]
-        early: list[Row] = []  # rows the previous deliver stage left in flight, collected early
+        carry: list[Row] = []  # rows finished deliver stages left in flight, for the next stage started
 
         def send(items: list[Planned]) -> list[tuple[tuple[Row, ...], bool]]:
             """Decide a lane's messages in order: those planned for one instant in one call.
@@ -537,7 +571,7 @@ class Engine:
                 start = end
             return out
 
-        with ThreadPoolExecutor(1, thread_name_prefix="gov-sim-deliver") as stage:
+        with ThreadPoolExecutor(2, thread_name_prefix="gov-sim-deliver") as stage:
             for tick in range(1, ticks + 1):
                 now = cfg.start + tick * cfg.tick
                 while next_day < cfg.days and cfg.start + next_day * DAY < now:
@@ -549,8 +583,9 @@ class Engine:
                     if timing and next_day > 1 and self._telemetry is not None:
                         # every event up to now written first, so the curves (and the
                         # simulation) do not depend on the writers' timing
-                        early = delivering.result() if delivering is not None else []
-                        delivering = None
+                        if delivering is not None:
+                            carry += delivering.result().pending
+                            delivering = None
                         self._telemetry.flush()
                         gov.source.execute(q("sim_refresh_timing"), {"now": now})
                 due: list[Planned] = []
@@ -579,10 +614,14 @@ class Engine:
                                                                          {"now": now, "after": outbox_seen})
                                   if (u, i) not in known)
                 outbox_seen = max([outbox_seen, *(i for _, i in queued)])
-                carried = early + (delivering.result() if delivering is not None else [])
-                early = []
-                gone = frozenset(self.unsubscribed)
-                delivering = stage.submit(self._deliver, gov, runners, carried + queued, now)
+                # this tick's deliveries start now; the next tick's sends wait for the tick
+                # before to have reacted, as before (at most two deliver stages in flight)
+                started = stage.submit(self._deliver, gov, runners, carry + queued, now, delivering)
+                carry = []
+                if delivering is not None:
+                    done = delivering.result()
+                    carry, gone = done.pending, done.unsubscribed
+                delivering = started
                 if self.progress is not None:
                     self.progress(tick, ticks, self.stats)
             if delivering is not None:
@@ -590,13 +629,19 @@ class Engine:
 
     # ------------------------------------------------------------ delivery and engagement
 
-    def _deliver(self, gov: Governor, runners: Runners, keys: list[Row], now: datetime) -> list[Row]:
-        """Deliver the outbox rows ``keys`` as of ``now``, then users react; return the rows still in flight."""
-        if not keys:
-            return []
+    def _deliver(self, gov: Governor, runners: Runners, keys: list[Row], now: datetime,
+                 before: Future[Delivered] | None) -> Delivered:
+        """Deliver the outbox rows ``keys`` as of ``now``, then, once the deliver stage
+        ``before`` has reacted, users react; return the rows still in flight and who has
+        unsubscribed so far."""
         # only rows this simulation queued: an idle tick costs no claim at all
         rows = what_became(runners.run(now, [i for _, i in keys]), keys, lambda unknown: gov.source.execute(
-            q("sim_outbox_outcomes"), {"users": [u for u, _ in unknown], "ids": [i for _, i in unknown]}))
+            q("sim_outbox_outcomes"), {"users": [u for u, _ in unknown], "ids": [i for _, i in unknown]})
+        ) if keys else []
+        if before is not None:
+            before.result()
+        if not keys:
+            return Delivered([], frozenset(self.unsubscribed))
         pending: list[Row] = []
         messages: list[tuple[str, str, int]] = []  # (user, message, the endpoint the user looks at)
         group: list[tuple[Any, ...]] = []
@@ -614,7 +659,7 @@ class Engine:
         events = self._react(messages, now)
         if events and self._telemetry is not None:
             self._telemetry.record(gov, events)
-        return pending
+        return Delivered(pending, frozenset(self.unsubscribed))
 
     def _react(self, items: list[tuple[str, str, int]], now: datetime) -> list[Event]:
         """Users react to what they received (in a fixed order); return the events to record.
