@@ -1450,20 +1450,26 @@ MUTANTS = [
         "sf1_released_is_not_pending",
         "the simulation takes a row handed back unsent ('released') as ended, not pending again",
         (("gov/lab/simulate/engine.py", '"pending" if r[4] == "released" else r[4]', "r[4]", 1),),
-        ("tests/unit/test_simulate_fates.py",),
+        ("tests/unit/test_simulate_deliver.py",),
     ),
     Mutant(
         "sf2_stale_rows_are_believed",
         "the simulation believes a row its runner found taken ('stale') instead of reading it back",
         (("gov/lab/simulate/engine.py", ' for r in reported or () if r[4] != "stale"]',
           " for r in reported or ()]", 1),),
-        ("tests/unit/test_simulate_fates.py",),
+        ("tests/unit/test_simulate_deliver.py",),
     ),
     Mutant(
         "sf3_rows_in_id_order",
         "the simulation reacts to a tick's rows in outbox id order, not by user, message and subscription",
         (("gov/lab/simulate/engine.py", "key=lambda r: (r[1], r[2], r[3]))", "key=lambda r: r[0])", 1),),
-        ("tests/unit/test_simulate_fates.py",),
+        ("tests/unit/test_simulate_deliver.py",),
+    ),
+    Mutant(
+        "sf4_reactions_out_of_tick_order",
+        "a tick's users react as soon as its runners are done, without waiting for the tick before",
+        (("gov/lab/simulate/engine.py", "        if before is not None:\n            before.result()\n", "", 1),),
+        ("tests/unit/test_simulate_deliver.py",),
     ),
 ]
 

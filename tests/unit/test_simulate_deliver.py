@@ -1,8 +1,13 @@
-"""What became of a tick's outbox rows: the runners' report, and the rows read back."""
+"""The simulation's deliver stage: what became of a tick's rows, and reactions in tick order."""
 
 from __future__ import annotations
 
-from gov.lab.simulate.engine import Fate, Row, what_became
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from gov.lab.simulate.engine import Engine, Fate, Row, what_became
 
 
 def _reader(table: dict[int, Fate], asked: list[list[Row]]):  # type: ignore[no-untyped-def]
@@ -41,3 +46,34 @@ def test_the_order_is_user_message_subscription_by_code_point() -> None:
                             (1, "U9", "z", 9, "delivered")]
     rows = what_became(reported, [(r[1], r[0]) for r in reported], _reader({}, []))
     assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_a_later_tick_reacts_after_the_earlier_one_even_when_its_runners_finish_first() -> None:
+    """Two ticks' deliver stages overlap, but users react in tick order: here the first
+    tick's runners give the second every chance to react first (they wait for it, up to
+    a second), and the second still reacts after the first."""
+    first, second = datetime(2026, 6, 1, 9, 0, tzinfo=UTC), datetime(2026, 6, 1, 9, 5, tzinfo=UTC)
+    reacted: list[datetime] = []
+    second_reacted = threading.Event()
+
+    def react(items: list[tuple[str, str, int]], now: datetime) -> list[Any]:
+        reacted.append(now)
+        if now == second:
+            second_reacted.set()
+        return []
+
+    class Stub:
+        def run(self, now: datetime, ids: list[int]) -> list[Fate]:
+            if now == first:
+                second_reacted.wait(1.0)
+            return [(i, "u", f"m{i}", 1, "delivered") for i in ids]
+
+    engine = Engine.__new__(Engine)
+    engine.unsubscribed = set()
+    engine._telemetry = None
+    engine._react = react  # type: ignore[method-assign]
+    with ThreadPoolExecutor(2) as pool:
+        earlier = pool.submit(engine._deliver, None, Stub(), [("u", 1)], first, None)  # type: ignore[arg-type]
+        later = pool.submit(engine._deliver, None, Stub(), [("u", 2)], second, earlier)  # type: ignore[arg-type]
+        later.result()
+    assert reacted == [first, second]
