@@ -17,8 +17,9 @@ overlaps the next tick's sends (see :class:`Engine`).
 
 Determinism: every decision touches one user's rows only, so sends run in parallel
 *lanes* partitioned by user (each user's messages stay in order, in one lane); engagement
-draws are keyed by (seed, user, message); outcomes are read back from the database in a
-fixed order. Thread and process scheduling change timings, never results.
+draws are keyed by (seed, user, message); outcomes (as the runners' records wrote them,
+or read back) are taken in a fixed order, and users react in tick order. Thread and
+process scheduling change timings, never results.
 """
 
 from __future__ import annotations
