@@ -41,11 +41,11 @@ def test_rows_not_claimed_stale_or_unvouched_for_are_read_back() -> None:
 def test_the_order_is_user_message_subscription_by_code_point() -> None:
     """The engagement draws follow this order, so it must not depend on who delivered
     first, nor on the server's collation ('U' sorts before 'a' by code point only)."""
-    reported: list[Fate] = [(5, "u2", "b", 1, "delivered"), (4, "u2", "a", 2, "delivered"),
-                            (3, "u2", "a", 1, "delivered"), (2, "a1", "z", 9, "delivered"),
-                            (1, "U9", "z", 9, "delivered")]
+    reported: list[Fate] = [(2, "u2", "b", 1, "delivered"), (3, "u2", "a", 2, "delivered"),
+                            (1, "u2", "a", 1, "delivered"), (4, "a1", "z", 9, "delivered"),
+                            (5, "U9", "z", 9, "delivered")]
     rows = what_became(reported, [(r[1], r[0]) for r in reported], _reader({}, []))
-    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r[0] for r in rows] == [5, 4, 1, 3, 2]
 
 
 def test_a_later_tick_reacts_after_the_earlier_one_even_when_its_runners_finish_first() -> None:
