@@ -284,12 +284,12 @@ class Dispatcher:
                 break
             lease_ends = began + self.lease_s - self.margin_s  # by then every attempt has ended
             attempts = self._deliver_batch(_by_subscription(claimed), lease_ends)
-            recorded = self._record(attempts)
-            states = [state for _, state in recorded]
+            states = self._record(attempts)
             for state in states:
                 stats.add(state)
             if remaining is not None:
                 by_id = {row.outbox_id: row for row in claimed}
+                recorded = zip(sorted(int(a["outbox_id"]) for a in attempts), states, strict=True)  # _record's order
                 stats.rows += [RowState(i, by_id[i].user_id, by_id[i].message_id, by_id[i].subscription_id, state)
                                for i, state in recorded]
                 # each given row is attempted once here; what failed waits for its retry time
@@ -327,7 +327,7 @@ class Dispatcher:
             waiter = self._start_batch(_by_subscription(claimed), lease_ends)
             try:
                 if unrecorded is not None:
-                    states = [state for _, state in self._record(unrecorded)]
+                    states = self._record(unrecorded)
                     unrecorded = None
                     for state in states:
                         stats.add(state)
@@ -353,7 +353,7 @@ class Dispatcher:
                 next_claimed, next_ends = self._claim_batch()
             claimed, lease_ends = next_claimed, next_ends
         if unrecorded is not None:
-            for _, state in self._record(unrecorded):
+            for state in self._record(unrecorded):
                 stats.add(state)
         return stats
 
@@ -587,9 +587,9 @@ class Dispatcher:
                 self._checked.clear()
             self._checked[key] = now + self.guard.cache_s
 
-    def _record(self, attempts: list[dict[str, Any]]) -> list[tuple[int, str]]:
-        """Record a batch's attempts in one call and one commit; return each row's id and new
-        state, in id order.
+    def _record(self, attempts: list[dict[str, Any]]) -> list[str]:
+        """Record a batch's attempts in one call and one commit; return each row's new state,
+        in outbox id order.
 
         Fenced by each claim's token: a row this runner no longer holds is ``stale`` (its
         attempt is not recorded; reported here). Should the batch's call fail on one row's
@@ -616,7 +616,7 @@ class Dispatcher:
                     attempt["outcome"],
                     extra={"action": "stale_record"},
                 )
-        return [(int(attempt["outbox_id"]), state) for attempt, state in zip(attempts, states, strict=True)]
+        return states
 
     def _record_alone(self, attempt: dict[str, Any]) -> str:
         try:
