@@ -585,7 +585,8 @@ class Engine:
                         # every event up to now written first, so the curves (and the
                         # simulation) do not depend on the writers' timing
                         if delivering is not None:
-                            carry += delivering.result().pending
+                            done = delivering.result()
+                            carry, gone = carry + done.pending, done.unsubscribed
                             delivering = None
                         self._telemetry.flush()
                         gov.source.execute(q("sim_refresh_timing"), {"now": now})
