@@ -137,10 +137,11 @@ class AsyncGovernor:
                     query, params = q("send_batch_doc"), batch_doc_params(mine, now)
                 else:
                     query, params = q("send_batch"), batch_params(mine, now, key)
-                for row in await self.source.execute(query, params, row_factory=dict_row):
-                    results[members[row["ordinal"] - 1]] = SendResult(
-                        Decision.from_row(row), tuple(row["outbox_ids"])
-                    )
+                # (ordinal, allowed, action, reason, used, cap, retry_after_ms, repeated, outbox_ids):
+                # both queries' columns, which are Decision's fields in order; by position, since
+                # a dict per row and Decision.from_row were 5 µs of the door's CPU a send
+                for row in await self.source.execute(query, params):
+                    results[members[row[0] - 1]] = SendResult(Decision(*row[1:8]), tuple(row[8]))
             except (ConnectionLost, PoolTimeout):
                 raise  # no database to send them to, alone or together
             except Exception as exc:  # nothing of the batch was written: each alone now

@@ -93,8 +93,17 @@ class FastSend:
         except DatabaseError as exc:
             log.error("database error: %s", exc, extra={"action": "serve_database_error"})
             return 503, _json({"error": "the database is unavailable; retry later"})
-        verdict = {k: v for k, v in result.as_json().items() if v is not None}
-        return 200, _json(verdict)
+        decision = result.decision
+        if decision.allowed:
+            return 200, _SENT
+        key = (decision.action, decision.reason)
+        payload = _SUPPRESSED.get(key)
+        if payload is None:
+            verdict = {k: v for k, v in result.as_json().items() if v is not None}
+            payload = _json(verdict)
+            if len(_SUPPRESSED) < _SUPPRESSED_MAX:
+                _SUPPRESSED[key] = payload
+        return 200, payload
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
@@ -128,6 +137,14 @@ class FastSend:
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
         })
         await send({"type": "http.response.body", "body": payload})
+
+
+#: A verdict's body depends on its action and reason alone, and a policy has a few dozen
+#: reasons: each is written once (json.dumps of a fresh dict was 8 µs of a request's 10 in
+#: verdict). Bounded all the same: a reason names a window, and windows are the policy's.
+_SENT = b'{"sent":true}'
+_SUPPRESSED: dict[tuple[str | None, str | None], bytes] = {}
+_SUPPRESSED_MAX = 1024
 
 
 def _json(doc: dict[str, Any]) -> bytes:

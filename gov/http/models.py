@@ -102,7 +102,11 @@ class Send(Body):
     campaign_id: Id | None = None
 
     def message(self) -> Message:
-        return Message(**self.model_dump())
+        # by attribute, not model_dump(): the names are Message's own, and the door's every send
+        # pays this (model_dump was 3 µs of it)
+        return Message(user_id=self.user_id, tier=self.tier, id=self.id, title=self.title, body=self.body,
+                       url=self.url, topic=self.topic, collapse_key=self.collapse_key, ttl=self.ttl,
+                       campaign_id=self.campaign_id)
 
 
 class Verdict(Body):

@@ -1471,6 +1471,20 @@ MUTANTS = [
         (("gov/lab/simulate/engine.py", "        if before is not None:\n            before.result()\n", "", 1),),
         ("tests/unit/test_simulate_deliver.py",),
     ),
+    Mutant(
+        "dr1_verdict_cached_by_action",
+        "the door's written verdicts are looked up by action alone: a drop answers another drop's reason",
+        (("gov/http/door.py", "        key = (decision.action, decision.reason)\n",
+          "        key = (decision.action, None)\n", 1),),
+        ("tests/unit/test_door.py",),
+    ),
+    Mutant(
+        "dr2_send_loses_a_field",
+        "the door's send becomes a message without its campaign",
+        (("gov/http/models.py", "                       campaign_id=self.campaign_id)",
+          "                       campaign_id=None)", 1),),
+        ("tests/unit/test_door.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
