@@ -281,3 +281,19 @@ def test_bad_compare_url_is_one_line_before_any_client(pg_server: str) -> None:
         # nothing started: no progress line, no scratch database, no client
         assert [line for line in lines if line.startswith("gov bench: ")] == [], r.stderr
         assert r.stdout == ""
+
+
+def test_the_baseline_gov_serve_is_given_its_own_arguments(pg_server: str, tmp_path: Path) -> None:
+    """--baseline-serve-arg reaches the baseline's command line, and only with a baseline: an
+    argument its gov serve refuses stops the bench with the baseline's one-line error."""
+    root = Path(__file__).resolve().parents[2]  # this checkout, as its own baseline
+    env = {"GOV_DATABASE_URL": pg_server, "GOV_DATA_DIR": str(tmp_path / "data")}
+    r = bench("--http", "--seconds", "1", "--users", "5", "--http-client", "python", "--http-baseline", str(root),
+              "--baseline-serve-arg=--no-such-option", env=env)
+    assert r.returncode != 0
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("gov: error:") and "baseline" in last and "Traceback" not in r.stderr, r.stderr
+    # without a baseline to give it to, a usage error before anything starts
+    r = bench("--http", "--seconds", "1", "--users", "5", "--http-client", "python", "--baseline-serve-arg=--x",
+              env=env)
+    assert r.returncode == 2 and "--baseline-serve-arg" in r.stderr.splitlines()[-1], r.stderr

@@ -1485,6 +1485,12 @@ MUTANTS = [
           "                       campaign_id=None)", 1),),
         ("tests/unit/test_door.py",),
     ),
+    Mutant(
+        "bb1_baseline_without_its_arguments",
+        "gov bench --http starts the baseline's gov serve without its --baseline-serve-arg",
+        (("gov/lab/bench/http.py", "token, cfg.baseline_serve_args)))", "token)))", 1),),
+        ("tests/acceptance/test_bench.py::test_the_baseline_gov_serve_is_given_its_own_arguments",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

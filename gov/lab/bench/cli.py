@@ -214,7 +214,16 @@ if TYPE_CHECKING:
     envvar="GOV_BENCH_SERVE_ARG",
     multiple=True,
     help="With --http: one more argument for this gov's `gov serve` command line (repeatable, in order; "
-    "not given to the baseline's).",
+    "not given to the baseline's: see --baseline-serve-arg).",
+)
+@option(
+    "--baseline-serve-arg",
+    "baseline_serve_args",
+    envvar="GOV_BENCH_BASELINE_SERVE_ARG",
+    multiple=True,
+    help="With --http-baseline: one more argument for the baseline's `gov serve` command line (repeatable, in "
+    "order). Give it the same as --serve-arg to compare the code alone: a baseline without --workers 2 "
+    "against this gov with it measures the processes, not the change.",
 )
 def bench(
     database_url: str | None,
@@ -242,6 +251,7 @@ def bench(
     http_client: str,
     http_baseline: Path | None,
     serve_args: tuple[str, ...],
+    baseline_serve_args: tuple[str, ...],
 ) -> None:
     """Measure decisions per second: gov's decide against a SELECT 1 floor and the seeds' Redis scripts.
 
@@ -256,12 +266,15 @@ def bench(
     if delivery and not verify and shutil.which("node") is None:
         raise click.UsageError("--delivery: the counting push service needs Node.js (`node` on PATH); "
                                "or bench on the verifying Python service with --verify")
+    if baseline_serve_args and not (http and http_baseline):
+        raise click.UsageError("--baseline-serve-arg is for the baseline's gov serve: with --http and --http-baseline")
     if http:
         from gov.lab.bench.http import HttpBenchConfig
 
         _http(HttpBenchConfig(
             database_url=database_url, seconds=seconds, rounds=rounds, users=users or 2000,
             connections=http_connections, client=http_client, serve_args=serve_args, baseline=http_baseline,
+            baseline_serve_args=baseline_serve_args,
         ), json_path)
         return
     users = users or 10_000

@@ -196,6 +196,7 @@ class HttpBenchConfig:
     client: str = "auto"  # auto (wrk when installed) | wrk | python
     serve_args: tuple[str, ...] = ()
     baseline: Path | None = None
+    baseline_serve_args: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- child servers
@@ -840,7 +841,7 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
             progress(f"starting the baseline's gov serve ({cfg.baseline})")
             servers["gov_serve_baseline"] = stack.enter_context(contextlib.closing(
                 start_gov_serve("gov_serve_baseline", str(cfg.baseline.resolve()), dsns["gov_serve_baseline"],
-                                token)))
+                                token, cfg.baseline_serve_args)))
         contenders = [c for c in CONTENDERS if c in servers]
 
         # the client alone, against a server that does nothing: the most it can measure
@@ -905,6 +906,7 @@ def run_http_bench(cfg: HttpBenchConfig, progress: Callable[[str], None] = lambd
             "rounds": cfg.rounds,
             "serve_args": list(cfg.serve_args),
             "baseline": str(cfg.baseline) if cfg.baseline is not None else None,
+            "baseline_serve_args": list(cfg.baseline_serve_args),
             "databases": {c: dbname_of(d) for c, d in dsns.items()},
         }
     return HttpReport(
@@ -992,6 +994,13 @@ def print_report(report: HttpReport, console: Any) -> None:
             f"{report.fills[c].per_second:,.0f}",
         )
     console.print(table)
+    if baseline and list(s.get("baseline_serve_args", [])) != list(s["serve_args"]):
+        # the × baseline column then measures the command lines as much as the code (an A/A run
+        # with --workers 2 against a one-process baseline read 1.14×)
+        own = " ".join(s["serve_args"]) or "(none)"
+        theirs = " ".join(s.get("baseline_serve_args", [])) or "(none)"
+        console.print(f"× baseline compares different command lines: gov serve {own}, the baseline's {theirs} "
+                      "(--baseline-serve-arg gives the baseline the same)", highlight=False)
     for c, why in report.skipped.items():
         console.print(f"{c}: skipped: {why}", highlight=False)
     console.print("CPU µs/request: medians over the rounds of each contender's own processes (node; gov serve and "
