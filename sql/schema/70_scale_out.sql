@@ -14,10 +14,14 @@
 
 -- ---------------------------------------------------------------- shards
 
--- True when the Citus extension is installed in this database.
+-- True when the Citus extension is installed in this database: its catalog table
+-- pg_dist_partition exists (created and dropped with the extension). A lone expression, so
+-- the planner inlines it into every caller; the EXISTS over pg_extension it replaced
+-- (migration 0050) was a SQL function the planner could not inline, planned again on each
+-- call: about 80 µs, twice in every batch gov serve decides (docs/performance.md, stop 50).
 CREATE FUNCTION gov.on_citus() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+    SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
 $$;
 
 -- True when the user tables are distributed (Citus, after gov.distribute_v1). Two steps:
