@@ -64,8 +64,15 @@ CREATE TRIGGER user_caps_only_lower
 -- assemble on every call: topic caps (the topic's own, else "*"), then each consumed
 -- tier from the message's own tier downward (the user's segment's windows for that tier
 -- when the policy has them, else the tier's own), then global.
+-- Without JIT: the policy tables are a few rows the planner has no statistics for (it
+-- takes gov.tiers for 295 rows), so it costs the statement's cross joins in the hundreds
+-- of millions, and a server built with LLVM (Debian's and most packages) spent about 0.8 s
+-- compiling a statement that runs in a millisecond, at every `gov policy apply`
+-- (docs/performance.md, stop 50; migration 0051).
 CREATE FUNCTION gov.compile_policy_v1() RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE sql
+SET jit = off
+AS $$
     DELETE FROM gov.compiled_rules;
     WITH segs AS (
         SELECT '' AS segment UNION SELECT sc.segment FROM gov.segment_caps sc

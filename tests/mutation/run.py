@@ -1491,6 +1491,13 @@ MUTANTS = [
         (("gov/lab/bench/http.py", "token, cfg.baseline_serve_args)))", "token)))", 1),),
         ("tests/acceptance/test_bench.py::test_the_baseline_gov_serve_is_given_its_own_arguments",),
     ),
+    Mutant(
+        "pj1_policy_compile_jit",
+        "gov.compile_policy_v1 keeps the server's JIT (run with GOV_TEST_DATABASE_URL on a server with LLVM)",
+        (("sql/migrations/0051_compile_without_jit.sql", "ALTER FUNCTION gov.compile_policy_v1() SET jit = off;",
+          "SELECT 1;", 1),),
+        ("tests/integration/test_policy_compile_plan.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
