@@ -1498,6 +1498,20 @@ MUTANTS = [
           "SELECT 1;", 1),),
         ("tests/integration/test_policy_compile_plan.py",),
     ),
+    Mutant(
+        "po1_on_citus_subselect",
+        "gov.on_citus() is an EXISTS over pg_extension again: a SQL function planned on every call",
+        (("sql/migrations/0050_on_citus_inlined.sql", "SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+          "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')", 1),),
+        ("tests/integration/test_planned_once.py",),
+    ),
+    Mutant(
+        "po2_local_instant_in_sql",
+        "gov.local_instant stays a SQL function (migration 0052 a no-op): planned on every call",
+        (("alembic/versions/0052_local_instant_planned_once.py",
+          'run_sql_file("migrations/0052_local_instant_planned_once.sql")', "pass", 1),),
+        ("tests/integration/test_planned_once.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
