@@ -1,13 +1,14 @@
-"""Small functions the decision calls plan their statements once per session, not per call.
+"""Small functions the decision calls cost no statement, or no plan, per call.
 
-A SQL function the planner cannot inline (a body with a sub-select or a FROM clause) plans
-its statement again on every call: gov.on_citus() cost about 80 µs that way, twice in every
-batch gov serve decides, and gov.local_instant 0.13 ms, once or twice for every user inside
-quiet hours with a time zone (docs/performance.md, stop 50; migrations 0050 and 0052).
+gov.on_citus() was an EXISTS over pg_extension: PL/pgSQL ran it through the executor on
+every call, about 75 µs, twice in every batch gov serve decides (migration 0050 made it a
+lone expression). gov.local_instant was a SQL function with a FROM clause, which PostgreSQL
+15 plans again on every call, 0.13 ms, once or twice for every user inside quiet hours with
+a time zone (migration 0052 made it PL/pgSQL). docs/performance.md, stop 50.
 
-The measure is PostgreSQL's own, as in test_claim_plan.py: with ``debug_print_plan`` every
-plan the server makes is sent to the client as a log message, so the plans made over many
-calls are counted without timing anything.
+The measures are PostgreSQL's own: with ``debug_print_plan`` every plan the server makes,
+and with auto_explain every statement a function runs, is sent to the client as a log
+message, so they are counted without timing anything.
 """
 
 from __future__ import annotations

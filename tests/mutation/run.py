@@ -1507,7 +1507,7 @@ MUTANTS = [
     ),
     Mutant(
         "po2_local_instant_in_sql",
-        "gov.local_instant stays a SQL function (migration 0052 a no-op): planned on every call",
+        "gov.local_instant stays SQL (0052 a no-op): planned per call (PostgreSQL 15: GOV_TEST_DATABASE_URL)",
         (("alembic/versions/0052_local_instant_planned_once.py",
           'run_sql_file("migrations/0052_local_instant_planned_once.sql")', "pass", 1),),
         ("tests/integration/test_planned_once.py",),
