@@ -16,9 +16,9 @@
 
 -- True when the Citus extension is installed in this database: its catalog table
 -- pg_dist_partition exists (created and dropped with the extension). A lone expression, so
--- the planner inlines it into every caller; the EXISTS over pg_extension it replaced
--- (migration 0050) was a SQL function the planner could not inline, planned again on each
--- call: about 80 µs, twice in every batch gov serve decides (docs/performance.md, stop 50).
+-- PL/pgSQL evaluates it itself; the EXISTS over pg_extension it replaced (migration 0050)
+-- made the caller's check a statement run through the executor on every call: about 75 µs,
+-- twice in every batch gov serve decides (docs/performance.md, stop 50).
 CREATE FUNCTION gov.on_citus() RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
