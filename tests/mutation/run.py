@@ -1145,7 +1145,7 @@ MUTANTS = [
     Mutant(
         "qe1_at_time_zone_only",
         "a quiet end the clocks skip is read as if they had not changed: an hour late",
-        (("sql/migrations/0046_quiet_end_on_clock_change.sql", "FROM generate_series(0, 8) k",
+        (("sql/migrations/0052_local_instant_planned_once.sql", "FROM generate_series(0, 8) k",
           "FROM generate_series(0, 0) k", 1),
          ("sql/schema/20_decide.sql", "FROM generate_series(0, 8) k", "FROM generate_series(0, 0) k", 1)),
         ("tests/integration/test_quiet_clock_change.py::test_quiet_hours_end_when_the_clock_reads_their_end",),
@@ -1153,7 +1153,7 @@ MUTANTS = [
     Mutant(
         "qe2_any_later_reading",
         "any instant reading past the quiet end counts, also one before a repeated hour: inside quiet hours",
-        (("sql/migrations/0046_quiet_end_on_clock_change.sql", QUIET_CROSSING, "AND true", 1),
+        (("sql/migrations/0052_local_instant_planned_once.sql", QUIET_CROSSING, "AND true", 1),
          ("sql/schema/20_decide.sql", QUIET_CROSSING, "AND true", 1)),
         ("tests/integration/test_quiet_clock_change.py::test_quiet_hours_end_when_the_clock_reads_their_end",),
     ),
