@@ -995,8 +995,7 @@ def print_report(report: HttpReport, console: Any) -> None:
         )
     console.print(table)
     if baseline and list(s.get("baseline_serve_args", [])) != list(s["serve_args"]):
-        # the × baseline column then measures the command lines as much as the code (an A/A run
-        # with --workers 2 against a one-process baseline read 1.14×)
+        # the × baseline column then measures the command lines as much as the code
         own = " ".join(s["serve_args"]) or "(none)"
         theirs = " ".join(s.get("baseline_serve_args", [])) or "(none)"
         console.print(f"× baseline compares different command lines: gov serve {own}, the baseline's {theirs} "
