@@ -1,6 +1,19 @@
 -- Named statements of `gov simulate` (gov/lab/simulate/). Read-only on gov's tables: the
--- simulation changes gov's state only through the public API (Governor.send, the
--- releaser, the runner, record_event).
+-- simulation changes gov's state only through the public API (Governor.send and the SQL
+-- functions behind it, the releaser, the runner, record_event).
+
+-- name: sim_send_series
+-- A lane's messages that are each alone at their instant, in their order, in one statement:
+-- gov.send_v1 for each at its own moment, as Governor.send would call it one round trip at
+-- a time. Each call is the whole decision (the user's lock, the rules, the hold, the
+-- fan-out) and sees the calls before it (a volatile function's statements take a new
+-- snapshot); the rows come in the document's order. Message k is [user_id, message_id,
+-- tier, topic, campaign_id, content, collapse_key, ttl, at] (gov.governor.send_row + at).
+SELECT s.action, s.outbox_ids
+  FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS m(v, n)
+ CROSS JOIN LATERAL gov.send_v1(m.v->>0, m.v->>1, m.v->>2, m.v->>3, m.v->>4, m.v->5, m.v->>6,
+                                (m.v->>7)::integer, (m.v->>8)::timestamptz) s
+ ORDER BY m.n;
 
 -- name: sim_outbox_outcomes
 -- What became of outbox rows the runners did not report (not claimed: not due yet, or

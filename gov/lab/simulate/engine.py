@@ -551,18 +551,36 @@ class Engine:
             one statement and one commit instead of one each.
             """
             out: list[tuple[tuple[Row, ...], bool]] = []
+            alone: list[Planned] = []  # messages each alone at their instant, not sent yet
+
+            def send_alone() -> None:
+                """The messages in ``alone``, in order, each at its own moment in one statement
+                (``sim_send_series``: gov.send_v1 for each, what Governor.send calls, without
+                a round trip and a commit each)."""
+                if not alone:
+                    return
+                doc = json.dumps([[*send_row(p.message), p.at.isoformat()] for p in alone], separators=(",", ":"))
+                rows = gov.source.execute(q("sim_send_series"), {"batch": doc})
+                assert len(rows) == len(alone), "one verdict per message"
+                out.extend((tuple((p.message.user_id, i) for i in ids), action in ("defer", "collapse"))
+                           for p, (action, ids) in zip(alone, rows, strict=True))
+                alone.clear()
+
             start = 0
             while start < len(items):
                 end = start + 1
                 while end < len(items) and items[end].at == items[start].at:
                     end += 1
                 group = items[start:end]
-                if len(group) == 1 or distributed:  # a cluster's batch must be one shard's: one by one there
+                if distributed:  # a cluster delegates only a bare function call: one by one there
                     for p in group:
                         result = gov.send(p.message, at=p.at, deliver=False)
                         keys = tuple((p.message.user_id, i) for i in result.outbox_ids)
                         out.append((keys, result.decision.action in ("defer", "collapse")))
+                elif len(group) == 1:
+                    alone.append(group[0])
                 else:
+                    send_alone()
                     at = group[0].at
                     params = batch_doc_params([send_row(p.message) for p in group], at)
                     verdicts = sorted(gov.source.execute(q("send_batch_doc"), params), key=lambda r: r[0])
@@ -570,6 +588,7 @@ class Engine:
                     out.extend((tuple((p.message.user_id, i) for i in r[8]), r[2] in ("defer", "collapse"))
                                for p, r in zip(group, verdicts, strict=True))
                 start = end
+            send_alone()
             return out
 
         with ThreadPoolExecutor(2, thread_name_prefix="gov-sim-deliver") as stage:
