@@ -1512,6 +1512,21 @@ MUTANTS = [
           'run_sql_file("migrations/0052_local_instant_planned_once.sql")', "pass", 1),),
         ("tests/integration/test_planned_once.py",),
     ),
+    Mutant(
+        "ss1_series_one_moment",
+        "the simulation's series decides every message at the first one's moment",
+        (("gov/lab/simulate/engine.py", "[[*send_row(m), at.isoformat()] for m, at in messages]",
+          "[[*send_row(m), messages[0][1].isoformat()] for m, _ in messages]", 1),),
+        ("tests/integration/test_sim_send_series.py",),
+    ),
+    Mutant(
+        "ss2_series_reversed",
+        "the simulation's series decides its messages last first",
+        (("sql/queries_simulate.sql", "FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS m(v, n)\n",
+          "FROM (SELECT * FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS x(v, n)\n"
+          "        ORDER BY x.n DESC) m\n", 1),),
+        ("tests/integration/test_sim_send_series.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -63,6 +63,7 @@ from gov.lab.simulate.story import (
     shown_at,
 )
 from gov.lab.simulate.summary import Summary, collect
+from gov.message import Message
 from gov.queries import q
 from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
@@ -336,6 +337,21 @@ class _Reader:
         self.received.setdefault(user, deque()).append(at)
 
 
+def send_series(gov: Governor, messages: Sequence[tuple[Message, datetime]]) -> list[tuple[str, list[int]]]:
+    """(action, outbox ids) of each message, decided in order, each at its own moment, in one
+    statement (``sim_send_series``: ``gov.send_v1`` for each, the call behind
+    :meth:`Governor.send`, without a round trip and a commit each). The simulation's sends
+    are mostly alone at their instant (a batch needs one moment): 15,858 of 25,222 in the
+    default run. One server only: a Citus cluster delegates a bare function call."""
+    if not messages:
+        return []
+    doc = json.dumps([[*send_row(m), at.isoformat()] for m, at in messages], separators=(",", ":"))
+    rows = gov.source.execute(q("sim_send_series"), {"batch": doc})
+    if len(rows) != len(messages):
+        raise GovError(f"sim_send_series answered {len(rows)} verdicts for {len(messages)} messages")
+    return [(action, list(ids)) for action, ids in rows]
+
+
 def _record_event_fn() -> Callable[..., Any] | None:
     """gov.analytics.events' check of one event, or None without telemetry."""
     try:
@@ -554,17 +570,11 @@ class Engine:
             alone: list[Planned] = []  # messages each alone at their instant, not sent yet
 
             def send_alone() -> None:
-                """The messages in ``alone``, in order, each at its own moment in one statement
-                (``sim_send_series``: gov.send_v1 for each, what Governor.send calls, without
-                a round trip and a commit each)."""
-                if not alone:
-                    return
-                doc = json.dumps([[*send_row(p.message), p.at.isoformat()] for p in alone], separators=(",", ":"))
-                rows = gov.source.execute(q("sim_send_series"), {"batch": doc})
-                assert len(rows) == len(alone), "one verdict per message"
-                out.extend((tuple((p.message.user_id, i) for i in ids), action in ("defer", "collapse"))
-                           for p, (action, ids) in zip(alone, rows, strict=True))
-                alone.clear()
+                if alone:
+                    verdicts = send_series(gov, [(p.message, p.at) for p in alone])
+                    out.extend((tuple((p.message.user_id, i) for i in ids), action in ("defer", "collapse"))
+                               for p, (action, ids) in zip(alone, verdicts, strict=True))
+                    alone.clear()
 
             start = 0
             while start < len(items):
