@@ -69,6 +69,11 @@ from gov.testing.postgres import scratch_database
 from gov.users import set_quiet_hours, set_segment, set_time_zone
 
 Row = tuple[str, int]  # an outbox row by the outbox's key: (user id, outbox id)
+#: Messages one statement decides at most. Each holds its user's advisory lock until the
+#: statement's transaction commits, and PostgreSQL's shared lock table has room for about
+#: max_locks_per_transaction x max_connections locks (6,400 by default): a 20,000-user
+#: campaign in one statement ended "out of shared memory". Governor.send_many's own batch.
+STATEMENT_MAX = 500
 Fate = tuple[Any, ...]  # what became of an outbox row: (id, user id, message id, subscription id, state)
 
 CHILD_SCRIPT = Path(__file__).with_name("_children.py")
@@ -589,14 +594,18 @@ class Engine:
                         out.append((keys, result.decision.action in ("defer", "collapse")))
                 elif len(group) == 1:
                     alone.append(group[0])
+                    if len(alone) == STATEMENT_MAX:
+                        send_alone()
                 else:
                     send_alone()
                     at = group[0].at
-                    params = batch_doc_params([send_row(p.message) for p in group], at)
-                    verdicts = sorted(gov.source.execute(q("send_batch_doc"), params), key=lambda r: r[0])
-                    assert [r[0] for r in verdicts] == list(range(1, len(group) + 1)), "one verdict per message"
-                    out.extend((tuple((p.message.user_id, i) for i in r[8]), r[2] in ("defer", "collapse"))
-                               for p, r in zip(group, verdicts, strict=True))
+                    for k in range(0, len(group), STATEMENT_MAX):
+                        part = group[k : k + STATEMENT_MAX]
+                        params = batch_doc_params([send_row(p.message) for p in part], at)
+                        verdicts = sorted(gov.source.execute(q("send_batch_doc"), params), key=lambda r: r[0])
+                        assert [r[0] for r in verdicts] == list(range(1, len(part) + 1)), "one verdict per message"
+                        out.extend((tuple((p.message.user_id, i) for i in r[8]), r[2] in ("defer", "collapse"))
+                                   for p, r in zip(part, verdicts, strict=True))
                 start = end
             send_alone()
             return out
