@@ -1527,6 +1527,13 @@ MUTANTS = [
           "        ORDER BY x.n DESC) m\n", 1),),
         ("tests/integration/test_sim_send_series.py",),
     ),
+    Mutant(
+        "ss3_statement_cut_loses_one",
+        "the simulation's batch cut into statements loses each part's first message",
+        (("gov/lab/simulate/engine.py", "part = group[k : k + STATEMENT_MAX]",
+          "part = group[k + 1 : k + STATEMENT_MAX]", 1),),
+        ("tests/integration/test_sim_send_series.py",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
