@@ -569,7 +569,9 @@ class Engine:
             ``gov.send_batch_v1`` gives each message the verdict it would get alone (a
             user's several messages in it are decided in their order), at one moment:
             the instant they share. A campaign's thousands of messages at 10:00 are then
-            one statement and one commit instead of one each.
+            a few statements (STATEMENT_MAX each) instead of one each. The messages alone
+            at their instant between such groups go together through :func:`send_series`,
+            each at its own moment.
             """
             out: list[tuple[tuple[Row, ...], bool]] = []
             alone: list[Planned] = []  # messages each alone at their instant, not sent yet
