@@ -292,6 +292,20 @@ SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.displays) AS 
  GROUP BY e.user_id
  ORDER BY e.user_id;
 
+-- name: sim_reach_curve
+-- All users' estimated reach by hour (gov.hour_curves_v2, its defaults), for the best-hours comparison.
+SELECT c.hour, c.estimate
+  FROM gov.hour_curves_v2(%(since)s, %(now)s) c
+ WHERE c.segment IS NULL
+ ORDER BY c.hour;
+
+-- name: sim_best_reach
+-- Every user's best hour by reach (gov.best_hours_v2's defaults) with their deliveries in the window.
+SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.deliveries) AS deliveries
+  FROM gov.user_reach_estimates(%(since)s, %(now)s, 2, '5 minutes', NULL) e
+ GROUP BY e.user_id
+ ORDER BY e.user_id;
+
 -- name: sim_timing_enabled
 -- The policy's [timing] (the simulation refreshes the timing priors daily when it is on).
 SELECT coalesce((SELECT s.timing_enabled FROM gov.settings s), false);

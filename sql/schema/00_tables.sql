@@ -280,8 +280,8 @@ CREATE INDEX deferred_waiting_user ON gov.deferred (user_id, planned_at) WHERE s
 CREATE UNIQUE INDEX deferred_one_carrier ON gov.deferred (user_id, collapse_key)
     WHERE state = 'waiting' AND kind = 'collapse';
 
--- The population's and each segment's click rate by local hour (segment '' = all users),
--- as gov.hour_curves_v1 estimated it when gov.refresh_timing_curves_v1 last ran: the prior
+-- The population's and each segment's reach by local hour (segment '' = all users), as
+-- gov.hour_curves_v2 estimated it when gov.refresh_timing_curves_v1 last ran: the prior
 -- of the timing (gov.best_slot), read at every hold, so a hold never scans every user's
 -- events. A global table (a reference table on Citus).
 CREATE TABLE gov.timing_curves (

@@ -38,11 +38,13 @@ BEGIN
 END;
 $$;
 
--- Copy the population's and each segment's curve (gov.hour_curves_v1: the click rate by
--- local hour of day, shrunk) into gov.timing_curves, the prior gov.best_slot reads at every
--- hold. Run it about once a day (cron: psql -c 'SELECT gov.refresh_timing_curves_v1()'):
--- the curves move slowly, and a hold must not scan every user's events. Returns the
--- rows written (24 per curve; none while nobody displayed anything in the window).
+-- Copy the population's and each segment's reach by local hour (gov.hour_curves_v2, with
+-- its defaults) into gov.timing_curves, the prior gov.best_slot reads at every hold. Run
+-- it about once a day (cron: psql -c 'SELECT gov.refresh_timing_curves_v1()'): the
+-- curves move slowly, and a hold must not scan every user's events. Returns the rows
+-- written (24 per curve; none while nothing was delivered in the window). Migration 0053
+-- moved it from the click rate by hour of display (gov.hour_curves_v1) to the reach:
+-- docs/analysts.md, "The best hours, from reach".
 CREATE FUNCTION gov.refresh_timing_curves_v1(p_since interval DEFAULT '56 days', p_now timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -53,7 +55,7 @@ BEGIN
     DELETE FROM gov.timing_curves;
     INSERT INTO gov.timing_curves (segment, hour, estimate, refreshed_at)
     SELECT coalesce(c.segment, ''), c.hour, c.estimate, v_now
-      FROM gov.hour_curves_v1(p_since, v_now) c
+      FROM gov.hour_curves_v2(p_since, v_now) c
      WHERE c.estimate IS NOT NULL;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     RETURN v_rows;
@@ -67,9 +69,10 @@ $$;
 -- whole local hour after it that is not quiet, up to the deadline (p_deadline less the
 -- jitter and a minute, so the jittered release still comes before it; for P1 also at most
 -- the policy's timing_p1_max_delay past p_first); the slot is the candidate whose local
--- hour has the highest estimate of the user (their own displays and clicks of 56 days,
--- shrunk toward their segment's curve, else all users', gov.timing_curves, as
--- gov.best_hours_v1 does), the earliest on a tie (o_timing 'best'). A share
+-- hour has the highest reach estimate of the user (their own deliveries of 56 days and
+-- those displayed at once, smoothed over the neighbouring hours and shrunk toward their
+-- segment's curve, else all users', gov.timing_curves, as gov.best_hours_v2 does with
+-- its defaults), the earliest on a tie (o_timing 'best'). A share
 -- timing_explore of the messages, drawn from p_seed (the message id: a retry draws the
 -- same), goes at a candidate drawn from it instead (o_timing 'explore'), so the estimate
 -- sees hours the timing would not choose. p_asked: the caller asked for the best slot
@@ -130,10 +133,15 @@ BEGIN
     SELECT s.t INTO o_slot
       FROM unnest(v_slots) s(t)
       JOIN (SELECT p.hour,
-                   (coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20) AS est
+                   (coalesce(o.k, 0) + 2 * coalesce(g.estimate, p.estimate)) / (coalesce(o.n, 0) + 2) AS est
               FROM gov.timing_curves p
               LEFT JOIN gov.timing_curves g ON g.segment = v_segment AND g.hour = p.hour
-              LEFT JOIN gov.display_hours('56 days', p_now, p_user_id) o ON o.hour = p.hour
+              LEFT JOIN (SELECT (r.hour + w.shift + 24) % 24 AS hour,
+                                sum(w.weight * r.deliveries) AS n, sum(w.weight * r.prompt) AS k
+                           FROM gov.reach_hours('56 days', p_now, '5 minutes', p_user_id) r
+                          CROSS JOIN (VALUES (-1, 0.25::double precision), (0, 0.5::double precision),
+                                             (1, 0.25::double precision)) w(shift, weight)
+                          GROUP BY 1) o ON o.hour = p.hour
              WHERE p.segment = '') e ON e.hour = date_part('hour', s.t AT TIME ZONE v_zone)
      ORDER BY e.est DESC, s.t
      LIMIT 1;

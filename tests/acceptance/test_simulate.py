@@ -107,6 +107,7 @@ def test_compare_the_governor_lowers_p90_and_unsubscribes(pg_server: str, tmp_pa
     assert r.returncode == 0, r.stderr
     assert "Governed vs governor off" in r.stdout
     assert "The governor lowered both" in r.stdout, r.stdout
+    assert "by reach (displayed at once, by hour of delivery" in r.stdout  # both estimates compared
     html = page.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and html.count("<svg") >= 4
     # self-contained: nothing fetched, nothing run

@@ -112,6 +112,8 @@ def test_reads_what_analysts_need_writes_nothing(
         "SELECT count(*) FROM gov.revocation_suspects",
         "SELECT count(*) FROM gov.hour_curve",
         "SELECT count(*) FROM gov.best_hours_v1('a1')",
+        "SELECT count(*) FROM gov.best_hours_v2('a1')",
+        "SELECT count(*) FROM gov.hour_curves_v2()",
         "SELECT count(*) FROM gov.fatigue_report_v1()",
         "SELECT id, user_id, created_at, retired_at, retired_reason FROM gov.subscriptions",
     ):

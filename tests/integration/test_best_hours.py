@@ -49,6 +49,29 @@ def crowd(conn: psycopg.Connection[Any], n: int = 12, segment: str | None = None
                 shown(conn, uid, f"m{day}-{hour}", at_utc_hour(day, hour), clicked=hour == peak and day % 2 == 0)
 
 
+def delivered(conn: psycopg.Connection[Any], user_id: str, message_id: str, at: datetime, *, prompt: bool,
+              tier: str = "P2") -> None:
+    """A message a push service accepted at ``at``, displayed at once (``prompt``) or three hours later."""
+    conn.execute("INSERT INTO gov.messages (user_id, message_id, tier, allowed, decided_at) "
+                 "VALUES (%s, %s, %s, true, %s)", (user_id, message_id, tier, at - timedelta(minutes=1)))
+    shown_at = at + (timedelta(seconds=20) if prompt else timedelta(hours=3))
+    conn.execute("INSERT INTO gov.push_events (user_id, message_id, event, created_at) "
+                 "VALUES (%s, %s, 'accepted', %s), (%s, %s, 'display', %s)",
+                 (user_id, message_id, at, user_id, message_id, shown_at))
+
+
+def reach_crowd(conn: psycopg.Connection[Any], n: int = 12, segment: str | None = None, peak: int = 20,
+                prefix: str = "r") -> None:
+    """``n`` UTC users, each delivered one message at every hour of 10 days, displayed at once only
+    at ``peak`` on even days (a reach of 1/2 there, 0 elsewhere: the browser was closed)."""
+    for i in range(n):
+        uid = f"{prefix}{i}"
+        user(conn, uid, "UTC", segment)
+        for day in range(1, 11):
+            for hour in range(24):
+                delivered(conn, uid, f"m{day}-{hour}", at_utc_hour(day, hour), prompt=hour == peak and day % 2 == 0)
+
+
 def best_hours(conn: psycopg.Connection[Any], user_id: str, **kw: Any) -> list[Row]:
     args = ", ".join(f"{k} => %({k})s" for k in kw)
     return conn.execute(f"SELECT * FROM gov.best_hours_v1(%(u)s, p_now => %(now)s{', ' + args if args else ''})",

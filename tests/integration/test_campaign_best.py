@@ -22,7 +22,7 @@ from tests.integration.test_best_hours import NOW
 from tests.integration.test_decide import race_once
 from tests.integration.test_timing import curves
 
-BEST = NOW + timedelta(hours=8)  # 20:00 UTC, the hour the crowd of curves() clicks at
+BEST = NOW + timedelta(hours=8)  # 20:00 UTC, the hour the crowd of curves() is reachable at
 DAY = timedelta(hours=24)
 
 
@@ -93,7 +93,7 @@ def test_p0_goes_at_once_and_a_short_window_keeps_the_first_slot(gov: Governor, 
 
 
 def test_quiet_hours_are_never_chosen(gov: Governor, conn: psycopg.Connection[Any], push: PushService) -> None:
-    """Everybody clicks at 23:00, inside quiet hours (22:00-08:00): never that hour."""
+    """Everybody is reachable at 23:00 only, inside quiet hours (22:00-08:00): never that hour."""
     curves(conn, peak=23)
     set_time_zone(conn, "a", "UTC")
     gov.subscribe("a", push.subscribe().info)

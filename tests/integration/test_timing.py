@@ -17,7 +17,7 @@ from gov.delivery.vapid import VapidSigner
 from gov.hold.release import Releaser
 from gov.testing import Clock
 from gov.users import set_time_zone
-from tests.integration.test_best_hours import NOW, at_utc_hour, crowd, shown, user
+from tests.integration.test_best_hours import NOW, at_utc_hour, delivered, reach_crowd, user
 
 EVENING = NOW + timedelta(hours=11)  # 23:00 UTC: quiet hours (22:00-08:00) for users in UTC
 MORNING = EVENING + timedelta(hours=9)  # 08:00 the next day, the first slot
@@ -42,8 +42,8 @@ def set_timing(conn: psycopg.Connection[Any], extra: str = "enabled = true\nexpl
 
 
 def curves(conn: psycopg.Connection[Any], peak: int = 20) -> None:
-    """Twelve users who click only at ``peak`` UTC, the population's curve refreshed."""
-    crowd(conn, peak=peak)
+    """Twelve users whose browsers run only at ``peak`` UTC, the population's curve refreshed."""
+    reach_crowd(conn, peak=peak)
     assert conn.execute("SELECT gov.refresh_timing_curves_v1(p_now => %s)", (NOW,)).fetchone() == (24,)
 
 
@@ -104,7 +104,7 @@ def test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never(
     assert hold(gov, conn, "v", "p1b", tier="P1")["planned_at"] == MORNING
     set_timing(conn)
     conn.execute("DELETE FROM gov.push_events")
-    crowd(conn, peak=20, prefix="d")
+    reach_crowd(conn, peak=20, prefix="d")
     conn.execute("SELECT gov.refresh_timing_curves_v1(p_now => %s)", (NOW,))
     assert hold(gov, conn, "w", "p1c", tier="P1")["planned_at"] == MORNING
     assert hold(gov, conn, "x", "p2", tier="P2")["planned_at"] == MORNING + timedelta(hours=12)
@@ -113,7 +113,7 @@ def test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never(
 
 
 def test_quiet_hours_are_never_chosen(gov: Governor, conn: psycopg.Connection[Any]) -> None:
-    """The population clicks at 23:00 only, inside quiet hours; with two days to live the
+    """The population is reachable at 23:00 only, inside quiet hours; with two days to live the
     message could go at 23:00 tomorrow: the best allowed hour is the earliest of the
     (equal) others, the first slot."""
     set_timing(conn)
@@ -122,13 +122,13 @@ def test_quiet_hours_are_never_chosen(gov: Governor, conn: psycopg.Connection[An
     assert row["planned_at"] == MORNING
 
 
-def test_a_users_own_clicks_beat_the_population(gov: Governor, conn: psycopg.Connection[Any]) -> None:
+def test_a_users_own_reach_beats_the_population(gov: Governor, conn: psycopg.Connection[Any]) -> None:
     set_timing(conn)
     curves(conn)
     user(conn, "own", "UTC")
-    for day in range(1, 41):  # forty displays at 12:00 UTC, all clicked; at 20:00, none
-        shown(conn, "own", f"own-a{day}", at_utc_hour(day, 12), clicked=True)
-        shown(conn, "own", f"own-b{day}", at_utc_hour(day, 20))
+    for day in range(1, 41):  # forty deliveries at 12:00 UTC, all displayed at once; at 20:00, none
+        delivered(conn, "own", f"own-a{day}", at_utc_hour(day, 12), prompt=True)
+        delivered(conn, "own", f"own-b{day}", at_utc_hour(day, 20), prompt=False)
     assert hold(gov, conn, "own", "m")["planned_at"] == MORNING + timedelta(hours=4)
 
 

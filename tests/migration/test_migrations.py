@@ -87,3 +87,43 @@ def test_upgrade_applies_default_policy_once(empty_url: str) -> None:
             "SELECT cap FROM gov.caps WHERE scope = 'P2' AND window_ms = 86400000"
         ).fetchone() == (1,)
         assert conn.execute("SELECT count(*) FROM gov.policy_versions").fetchone() == (1,)
+
+
+def test_the_upgrade_to_reach_rewrites_the_timings_prior_and_the_downgrade_restores_it(empty_url: str) -> None:
+    """Migration 0053: gov.timing_curves held click rates (gov.hour_curves_v1); after the
+    upgrade it holds the reach (gov.hour_curves_v2), so no hold blends the two scales; the
+    downgrade writes click rates again. A database that never refreshed stays empty."""
+    from tests.integration.test_best_hours import NOW, crowd, reach_crowd
+
+    def prior(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+        return conn.execute("SELECT segment, hour, round(estimate::numeric, 12) FROM gov.timing_curves "
+                            "ORDER BY 1, 2").fetchall()
+
+    def estimates(conn: psycopg.Connection[Any], version: int) -> list[tuple[Any, ...]]:
+        return conn.execute(f"SELECT coalesce(segment, ''), hour, round(estimate::numeric, 12) "
+                            f"FROM gov.hour_curves_v{version}() ORDER BY 1, 2").fetchall()
+
+    migrate.upgrade(empty_url, "0052_local_instant_planned_once")
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        assert prior(conn) == []
+    migrate.upgrade(empty_url)
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        assert prior(conn) == []  # never refreshed: nothing written
+    migrate.downgrade(empty_url, "0052_local_instant_planned_once")
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        crowd(conn, n=3, peak=20)  # clicks at 20:00 UTC
+        reach_crowd(conn, n=3, peak=9)  # reachable at 09:00 UTC
+        # the crowds' days moved to end yesterday (whole days: the hours stay), for the default window
+        conn.execute("UPDATE gov.push_events SET created_at = created_at - ((%s::timestamptz AT TIME ZONE 'UTC')::date"
+                     " - (now() AT TIME ZONE 'UTC')::date) * interval '1 day'", (NOW,))
+        conn.execute("SELECT gov.refresh_timing_curves_v1()")
+        clicks = prior(conn)
+        assert clicks == estimates(conn, 1) and len(clicks) == 24
+    migrate.upgrade(empty_url)
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        reach = prior(conn)
+        assert reach == estimates(conn, 2) and reach != clicks
+        assert max(reach, key=lambda r: r[2])[1] == 9
+    migrate.downgrade(empty_url, "0052_local_instant_planned_once")
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        assert prior(conn) == estimates(conn, 1)

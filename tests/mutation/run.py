@@ -55,6 +55,8 @@ INF_TOGETHER = ("    IF NOT isfinite(p_now) OR p_now > clock_timestamp() + gov.m
 CONTENT_OK = "    SELECT coalesce(jsonb_typeof(p_content)"
 CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
 NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
+REACH = "sql/migrations/0053_best_hours_from_reach.sql"
+REACH_KERNEL = "VALUES (-1, 0.25::double precision), (0, 0.5::double precision), (1, 0.25::double precision)"
 BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
 BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
 BACKFILL_OWN_OFF = "AND m.decided_at <= v_now\n    ;"
@@ -473,7 +475,7 @@ MUTANTS = [
         tuple(
             (f, ' AND gov.quiet_until(p_user_id, c.t) = c.t',
              '', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", REACH)
         ),
         (
             "tests/integration/test_timing.py::test_quiet_hours_are_never_chosen",
@@ -485,7 +487,7 @@ MUTANTS = [
         tuple(
             (f, "        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');",
              '        NULL;', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", REACH)
         ),
         (
             "tests/integration/test_timing.py::test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never",
@@ -493,14 +495,14 @@ MUTANTS = [
     ),
     Mutant(
         "bt6_timing_ignores_the_users_own_data",
-        "the timing reads the segment's or all users' curve only, never the user's own clicks",
+        "the timing reads the segment's or all users' curve only, never the user's own reach",
         tuple(
-            (f, '(coalesce(o.clicks, 0) + 20 * coalesce(g.estimate, p.estimate)) / (coalesce(o.displays, 0) + 20)',
+            (f, '(coalesce(o.k, 0) + 2 * coalesce(g.estimate, p.estimate)) / (coalesce(o.n, 0) + 2)',
              'coalesce(g.estimate, p.estimate)', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", REACH)
         ),
         (
-            "tests/integration/test_timing.py::test_a_users_own_clicks_beat_the_population",
+            "tests/integration/test_timing.py::test_a_users_own_reach_beats_the_population",
         ),
     ),
     Mutant(
@@ -509,7 +511,7 @@ MUTANTS = [
         tuple(
             (f, 'IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN',
              'IF false THEN', 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", REACH)
         ),
         (
             "tests/integration/test_timing.py::test_an_explored_share_goes_at_a_drawn_hour_and_says_so",
@@ -521,7 +523,7 @@ MUTANTS = [
         tuple(
             (f, "IF (v_set.timing_enabled IS NOT TRUE AND NOT p_asked) OR p_tier = 'P0' THEN",
              "IF (v_set.timing_enabled IS NOT TRUE) OR p_tier = 'P0' THEN", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", REACH)
         ),
         (
             "tests/integration/test_campaign_best.py::"
@@ -1622,4 +1624,37 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:    Mutant(
+        "rc1_reach_at_display_hour",
+        "the reach counts a delivery at the hour it was displayed, not delivered",
+        ((REACH, "date_part('hour', x.delivered_at AT TIME ZONE",
+          "date_part('hour', coalesce(x.shown_at, x.delivered_at) AT TIME ZONE", 1),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rc2_reach_any_display",
+        "a delivery displayed at any time later counts as reached at once",
+        ((REACH, "count(*) FILTER (WHERE x.shown_at <= x.delivered_at + p_prompt)",
+          "count(*) FILTER (WHERE x.shown_at IS NOT NULL)", 1),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rc3_reach_unsmoothed",
+        "the reach curves are not smoothed over the neighbouring hours",
+        ((REACH, REACH_KERNEL, "VALUES (0, 1.0::double precision)", 2),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rc4_timing_reads_clicks",
+        "the timing's prior is the click rate by hour of display again",
+        ((REACH, "FROM gov.hour_curves_v2(p_since, v_now) c", "FROM gov.hour_curves_v1(p_since, v_now) c", 1),),
+        ("tests/integration/test_timing.py",),
+    ),
+    Mutant(
+        "rc5_upgrade_keeps_click_prior",
+        "the upgrade to reach leaves the timing's prior as click rates",
+        ((REACH, "SELECT gov.refresh_timing_curves_v1() WHERE EXISTS (SELECT 1 FROM gov.timing_curves);", "", 1),),
+        ("tests/migration/test_migrations.py::"
+         "test_the_upgrade_to_reach_rewrites_the_timings_prior_and_the_downgrade_restores_it",),
+    ),
+]))

@@ -99,6 +99,10 @@ def test_the_recovery_note_compares_in_gvs_own_hours() -> None:
     lines = hours_lines(HourRecovery(0.93, (("1–4", 10, 3), ("20+", 4, 2)), (("0", 8, 1),)))
     assert "correlates 0.93" in lines[0]
     assert "1–4 displays: 30 % of 10; 20+ displays: 50 % of 4" in lines[1] and "0 clicks: 12 % of 8" in lines[2]
+    assert len(lines) == 3  # no reach read: no reach line
+    both = hours_lines(HourRecovery(-0.3, (), (), 0.97, (("10–19", 10, 4),)))
+    assert "correlates -0.30" in both[0] and "by reach" in both[3]
+    assert "correlates 0.97" in both[3] and "10–19 deliveries: 40 % of 10" in both[3]
 
 
 def test_the_story_ends_at_its_end_no_display_or_reaction_after_it_is_recorded_or_counted() -> None:

@@ -1,10 +1,12 @@
 """How close gov's best-hours estimate comes to the simulated users' hidden hours.
 
 The simulator knows each user's hidden responsiveness by local hour (story.hidden_hours);
-gov sees only the displays and clicks it shapes. This reads gov.user_hour_estimates (the
-function behind gov.best_hours_v1, every user with a display at once) and
-gov.hour_curves_v1 at the end of a run and compares them with the hidden hours, in gov's
-own reference: the user's local hours where gov was told a zone, UTC hours where not.
+gov sees only the deliveries, displays and clicks it shapes. This reads both of gov's
+estimates at the end of a run: the click rate by hour of display (gov.hour_curves_v1 and
+gov.user_hour_estimates, the function behind gov.best_hours_v1) and the reach by hour of
+delivery (gov.hour_curves_v2 and gov.user_reach_estimates, behind gov.best_hours_v2, which
+the timing reads), and compares them with the hidden hours, in gov's own reference: the
+user's local hours where gov was told a zone, UTC hours where not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gov.queries import q
 
 STRENGTH = 20.0  # gov.best_hours_v1's default prior strength
 DISPLAY_BUCKETS = ((1, 4), (5, 9), (10, 19), (20, None))
+DELIVERY_BUCKETS = ((1, 4), (5, 9), (10, 19), (20, None))
 CLICK_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, None))
 CHANCE = 3 / 24  # a guess lands within ±1 h of the hidden hour this often
 
@@ -33,6 +36,9 @@ class HourRecovery:
     correlation: float | None  # Pearson, gov's population curve vs the hidden one, over 24 hours
     by_displays: tuple[tuple[str, int, int], ...]  # (bucket, users, of whom within ±1 h)
     by_clicks: tuple[tuple[str, int, int], ...]
+    # the same of the reach (gov.hour_curves_v2, gov.best_hours_v2): what the timing reads
+    reach_correlation: float | None = None
+    by_deliveries: tuple[tuple[str, int, int], ...] = ()
 
 
 def reference_hours(user: SimUser, start: datetime) -> list[float]:
@@ -76,31 +82,51 @@ def collect_hours(source: Source, config: SimConfig) -> HourRecovery | None:
             hidden[h] += g / len(users)
     correlation = pearson([float(e) for _, e in sorted(curve)], hidden)
     tallies: dict[tuple[str, str], list[int]] = {}
-    for user_id, hour, displays, clicks in best:
+
+    def tally(kind: str, value: int, buckets: Sequence[tuple[int, int | None]], user_id: str, hour: int) -> None:
         ref = reference_hours(users[user_id], config.start)
         truth = max(range(24), key=lambda h: (ref[h], -h))
-        off = abs(int(hour) - truth)
-        near = min(off, 24 - off) <= 1
-        for kind, value, buckets in (("d", int(displays), DISPLAY_BUCKETS), ("c", int(clicks), CLICK_BUCKETS)):
-            name = _bucket(value, buckets)
-            if name is not None:
-                t = tallies.setdefault((kind, name), [0, 0])
-                t[0] += 1
-                t[1] += near
+        off = abs(hour - truth)
+        name = _bucket(value, buckets)
+        if name is not None:
+            t = tallies.setdefault((kind, name), [0, 0])
+            t[0] += 1
+            t[1] += min(off, 24 - off) <= 1
+
+    for user_id, hour, displays, clicks in best:
+        tally("d", int(displays), DISPLAY_BUCKETS, user_id, int(hour))
+        tally("c", int(clicks), CLICK_BUCKETS, user_id, int(hour))
+    reach = source.execute(q("sim_reach_curve"), window)
+    reach_correlation = None
+    if len(reach) == 24 and all(e is not None for _, e in reach):
+        reach_correlation = pearson([float(e) for _, e in sorted(reach)], hidden)
+        for user_id, hour, deliveries in source.execute(q("sim_best_reach"), window):
+            if hour is not None:
+                tally("r", int(deliveries), DELIVERY_BUCKETS, user_id, int(hour))
 
     def rows(kind: str, buckets: Sequence[tuple[int, int | None]]) -> tuple[tuple[str, int, int], ...]:
         names = [_bucket(lo, buckets) for lo, _ in buckets]
         return tuple((n, *tallies[(kind, n)]) for n in names if n is not None and (kind, n) in tallies)  # type: ignore[misc]
 
-    return HourRecovery(correlation, rows("d", DISPLAY_BUCKETS), rows("c", CLICK_BUCKETS))
+    return HourRecovery(correlation, rows("d", DISPLAY_BUCKETS), rows("c", CLICK_BUCKETS),
+                        reach_correlation, rows("r", DELIVERY_BUCKETS))
 
 
 def hours_lines(r: HourRecovery) -> list[str]:
-    """The closing note: what the estimate recovers of the hidden hours."""
-    corr = "–" if r.correlation is None else f"{r.correlation:.2f}"
-    out = [f"Best hours vs the hidden ones: the population's estimated curve correlates {corr} with the hidden one."]
+    """The closing note: what each estimate recovers of the hidden hours."""
+    def corr(c: float | None) -> str:
+        return "–" if c is None else f"{c:.2f}"
+
+    def shares(rows: Sequence[tuple[str, int, int]], unit: str) -> str:
+        return "; ".join(f"{name} {unit}: {near / n * 100:.0f} % of {n:,}" for name, n, near in rows)
+
+    out = [f"Best hours vs the hidden ones: the population's estimated curve correlates {corr(r.correlation)} "
+           "with the hidden one (clicks by hour of display, gov.best_hours_v1)."]
     for title, rows, unit in (("displays", r.by_displays, "displays"), ("clicks", r.by_clicks, "clicks")):
-        parts = [f"{name} {unit}: {near / n * 100:.0f} % of {n:,}" for name, n, near in rows]
         out.append(f"  users whose estimated best hour is within ±1 h of the hidden one, by {title}: "
-                   + "; ".join(parts) + f" (chance: {CHANCE * 100:.1f} %)")
+                   + shares(rows, unit) + f" (chance: {CHANCE * 100:.1f} %)")
+    if r.reach_correlation is not None:
+        out.append(f"  by reach (displayed at once, by hour of delivery, gov.best_hours_v2; the timing's): "
+                   f"correlates {corr(r.reach_correlation)}; users within ±1 h, by deliveries: "
+                   + shares(r.by_deliveries, "deliveries") + f" (chance: {CHANCE * 100:.1f} %)")
     return out
