@@ -1536,6 +1536,39 @@ MUTANTS = [
           "part = group[k + 1 : k + STATEMENT_MAX]", 1),),
         ("tests/integration/test_sim_send_series.py",),
     ),
+    Mutant(
+        "rh1_reach_at_display_hour",
+        "the reach counts a delivery at the hour it was displayed, not delivered",
+        ((REACH, "date_part('hour', x.delivered_at AT TIME ZONE",
+          "date_part('hour', coalesce(x.shown_at, x.delivered_at) AT TIME ZONE", 1),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rh2_reach_any_display",
+        "a delivery displayed at any time later counts as reached at once",
+        ((REACH, "count(*) FILTER (WHERE x.shown_at <= x.delivered_at + p_prompt)",
+          "count(*) FILTER (WHERE x.shown_at IS NOT NULL)", 1),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rh3_reach_unsmoothed",
+        "the reach curves are not smoothed over the neighbouring hours",
+        ((REACH, REACH_KERNEL, "VALUES (0, 1.0::double precision)", 2),),
+        ("tests/integration/test_reach_hours.py",),
+    ),
+    Mutant(
+        "rh4_timing_reads_clicks",
+        "the timing's prior is the click rate by hour of display again",
+        ((REACH, "FROM gov.hour_curves_v2(p_since, v_now) c", "FROM gov.hour_curves_v1(p_since, v_now) c", 1),),
+        ("tests/integration/test_timing.py",),
+    ),
+    Mutant(
+        "rh5_upgrade_keeps_click_prior",
+        "the upgrade to reach leaves the timing's prior as click rates",
+        ((REACH, "SELECT gov.refresh_timing_curves_v1() WHERE EXISTS (SELECT 1 FROM gov.timing_curves);", "", 1),),
+        ("tests/migration/test_migrations.py::"
+         "test_the_upgrade_to_reach_rewrites_the_timings_prior_and_the_downgrade_restores_it",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -1624,37 +1657,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:    Mutant(
-        "rc1_reach_at_display_hour",
-        "the reach counts a delivery at the hour it was displayed, not delivered",
-        ((REACH, "date_part('hour', x.delivered_at AT TIME ZONE",
-          "date_part('hour', coalesce(x.shown_at, x.delivered_at) AT TIME ZONE", 1),),
-        ("tests/integration/test_reach_hours.py",),
-    ),
-    Mutant(
-        "rc2_reach_any_display",
-        "a delivery displayed at any time later counts as reached at once",
-        ((REACH, "count(*) FILTER (WHERE x.shown_at <= x.delivered_at + p_prompt)",
-          "count(*) FILTER (WHERE x.shown_at IS NOT NULL)", 1),),
-        ("tests/integration/test_reach_hours.py",),
-    ),
-    Mutant(
-        "rc3_reach_unsmoothed",
-        "the reach curves are not smoothed over the neighbouring hours",
-        ((REACH, REACH_KERNEL, "VALUES (0, 1.0::double precision)", 2),),
-        ("tests/integration/test_reach_hours.py",),
-    ),
-    Mutant(
-        "rc4_timing_reads_clicks",
-        "the timing's prior is the click rate by hour of display again",
-        ((REACH, "FROM gov.hour_curves_v2(p_since, v_now) c", "FROM gov.hour_curves_v1(p_since, v_now) c", 1),),
-        ("tests/integration/test_timing.py",),
-    ),
-    Mutant(
-        "rc5_upgrade_keeps_click_prior",
-        "the upgrade to reach leaves the timing's prior as click rates",
-        ((REACH, "SELECT gov.refresh_timing_curves_v1() WHERE EXISTS (SELECT 1 FROM gov.timing_curves);", "", 1),),
-        ("tests/migration/test_migrations.py::"
-         "test_the_upgrade_to_reach_rewrites_the_timings_prior_and_the_downgrade_restores_it",),
-    ),
-]))
+    sys.exit(main(sys.argv[1:]))
