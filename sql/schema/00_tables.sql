@@ -257,6 +257,10 @@ CREATE TABLE gov.deferred (
     -- estimate), 'explore' (an hour drawn from the message id, so the estimate can tell
     -- what it learned from its own choices); NULL: the first slot
     timing        text,
+    -- with timing: the first slot, from which the row could have gone (planned_at is the
+    -- later hour timing chose). From then on it contends for a slot that a row of its tier
+    -- with a later deadline is about to take (the release order). NULL: planned_at is it.
+    first_at      timestamptz,
     CONSTRAINT deferred_pkey PRIMARY KEY (user_id, id),
     CONSTRAINT deferred_kind_known CHECK (kind IN ('defer', 'quiet', 'collapse')),
     CONSTRAINT deferred_state_known

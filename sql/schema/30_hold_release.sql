@@ -188,6 +188,7 @@ DECLARE
     v_give_up timestamptz;
     v_carrier gov.deferred%ROWTYPE;
     v_timing  text;
+    v_first   timestamptz;
 BEGIN
     SELECT * INTO v_tier FROM gov.tiers t WHERE t.tier = p_tier;
     IF p_action NOT IN ('defer', 'collapse') OR p_retry_ms IS NULL THEN
@@ -229,6 +230,9 @@ BEGIN
     o_action := CASE WHEN v_kind = 'quiet' THEN 'defer' ELSE v_kind END;
     o_reason := p_reason;
     -- [timing]: the best slot of the user's estimate within the deadline, not the first
+    -- (which stays in first_at: from then on the row contends for a slot a later deadline
+    -- of its tier would take, gov.release_contenders_statement)
+    v_first := v_planned;
     SELECT b.o_slot, b.o_timing INTO v_planned, v_timing
       FROM gov.best_slot(p_user_id, p_tier, p_message_id, v_planned, least(p_expires_at, v_give_up), p_now) b;
     -- jitter from the group (not the member), so a group's release time is stable
@@ -250,9 +254,10 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO gov.deferred (user_id, message_id, tier, kind, collapse_key, blocked_by, enqueued_at,
-                              planned_at, release_at, give_up_at, stands_for, timing)
+                              planned_at, release_at, give_up_at, stands_for, timing, first_at)
     VALUES (p_user_id, p_message_id, p_tier, v_kind, v_key, p_reason, p_now,
-            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1, v_timing);
+            v_planned, o_release, v_give_up, coalesce(v_carrier.stands_for, 0) + 1, v_timing,
+            CASE WHEN v_planned > v_first THEN v_first END);
 END;
 $$;
 
@@ -423,7 +428,8 @@ BEGIN
         IF NOT gov.distributed() THEN
             v_waiting := gov.release_waiting_local(r_due.user_id, v_now);
         ELSE
-            EXECUTE format(gov.release_waiting_statement(), v_deferred) INTO v_waiting USING r_due.user_id, v_now;
+            EXECUTE format(gov.release_waiting_statement(), v_deferred, v_content) INTO v_waiting
+              USING r_due.user_id, v_now;
         END IF;
         v_rows := ARRAY(SELECT r FROM gov.release_contenders(v_deferred, v_content, r_due.user_id, v_now) r);
         IF cardinality(v_rows) < v_waiting THEN
@@ -454,28 +460,46 @@ END;
 $$;
 
 -- The release order (issue 30, item 3): one user's waiting rows that compete for a slot
--- now (due, or planned for a moment already past), locked (SKIP LOCKED) and ordered
--- EARLIEST DEADLINE FIRST, then the higher tier (P1 before P2 before P3), then the older
--- hold. A row's deadline is the nearer of its content's expiry (the TTL) and its give-up
--- moment (defer_max). Over the tables %1$s (gov.deferred) and %2$s (gov.message_content),
--- with $1 the user and $2 the moment. The one text of both forms of
--- gov.release_contenders below.
+-- now, locked (SKIP LOCKED) and ordered EARLIEST DEADLINE FIRST, then the higher tier (P1
+-- before P2 before P3), then the older hold. A row's deadline is the nearer of its
+-- content's expiry (the TTL) and its give-up moment (defer_max). Contenders: the rows due
+-- or planned for a moment already past, and a row timing placed later than its first slot
+-- (first_at, past) when a due row of its tier has a later deadline: that row would take
+-- the slot the timed one needs (migration 0054). Over the tables %1$s (gov.deferred) and
+-- %2$s (gov.message_content), with $1 the user and $2 the moment. The one text of both
+-- forms of gov.release_contenders below.
 CREATE FUNCTION gov.release_contenders_statement() RETURNS text
 LANGUAGE sql IMMUTABLE AS $f$ SELECT $q$
         SELECT d.*
           FROM %1$s d
           LEFT JOIN %2$s c ON c.user_id = d.user_id AND c.message_id = d.message_id
-         WHERE d.user_id = $1 AND d.state = 'waiting' AND (d.release_at <= $2 OR d.planned_at <= $2)
+         WHERE d.user_id = $1 AND d.state = 'waiting'
+           AND (d.release_at <= $2 OR d.planned_at <= $2
+                OR (d.first_at <= $2 AND EXISTS (
+                        SELECT 1 FROM %1$s o LEFT JOIN %2$s oc ON oc.user_id = o.user_id AND oc.message_id = o.message_id
+                         WHERE o.user_id = $1 AND o.state = 'waiting' AND o.tier = d.tier
+                           AND (o.release_at <= $2 OR o.planned_at <= $2)
+                           AND coalesce(least(oc.expires_at, o.give_up_at), 'infinity')
+                               > least(c.expires_at, d.give_up_at))))
          ORDER BY least(c.expires_at, d.give_up_at) NULLS LAST, d.tier, d.enqueued_at, d.id
            FOR UPDATE OF d SKIP LOCKED
     $q$::text $f$;
 
 -- How many of those rows there are, locked or not: $1 the user, $2 the moment, over %1$s
--- (gov.deferred). gov.release_due_v2 compares it with the rows it could lock.
+-- (gov.deferred) and %2$s (gov.message_content). gov.release_due_v2 compares it with the
+-- rows it could lock.
 CREATE FUNCTION gov.release_waiting_statement() RETURNS text
 LANGUAGE sql IMMUTABLE AS $f$ SELECT $q$
         SELECT count(*) FROM %1$s d
-         WHERE d.user_id = $1 AND d.state = 'waiting' AND (d.release_at <= $2 OR d.planned_at <= $2)
+          LEFT JOIN %2$s c ON c.user_id = d.user_id AND c.message_id = d.message_id
+         WHERE d.user_id = $1 AND d.state = 'waiting'
+           AND (d.release_at <= $2 OR d.planned_at <= $2
+                OR (d.first_at <= $2 AND EXISTS (
+                        SELECT 1 FROM %1$s o LEFT JOIN %2$s oc ON oc.user_id = o.user_id AND oc.message_id = o.message_id
+                         WHERE o.user_id = $1 AND o.state = 'waiting' AND o.tier = d.tier
+                           AND (o.release_at <= $2 OR o.planned_at <= $2)
+                           AND coalesce(least(oc.expires_at, o.give_up_at), 'infinity')
+                               > least(c.expires_at, d.give_up_at))))
     $q$::text $f$;
 
 -- Both statements over the tables themselves, in functions of their own, so PL/pgSQL
@@ -492,7 +516,8 @@ BEGIN
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION gov.release_waiting_local(text, timestamptz) RETURNS bigint
         LANGUAGE plpgsql AS %L$f$,
-        E'BEGIN\n    RETURN (' || format(gov.release_waiting_statement(), 'gov.deferred') || E');\nEND;\n');
+        E'BEGIN\n    RETURN (' || format(gov.release_waiting_statement(), 'gov.deferred', 'gov.message_content')
+        || E');\nEND;\n');
 END;
 $do$;
 
@@ -512,7 +537,8 @@ END;
 $$;
 
 -- A fresh message of a tier that waits when blocked (defer, collapse) arrives after a
--- slot opened for the user's held rows but before the releaser's jitter let them go: the
+-- slot opened for the user's held rows but before the releaser's jitter let them go (or,
+-- for a row of the newcomer's tier that timing placed later, after its first slot): the
 -- held rows whose deadline is nearer than the newcomer's (p_deadline; on a tie, of a
 -- higher tier) are released first, in the release order, so the newcomer cannot take the
 -- slot from a message that needs it sooner. The newcomer's own collapse group is left to
@@ -537,7 +563,8 @@ BEGIN
         SELECT d.*
           FROM gov.deferred d
           LEFT JOIN gov.message_content c ON c.user_id = d.user_id AND c.message_id = d.message_id
-         WHERE d.user_id = p_user_id AND d.state = 'waiting' AND d.planned_at <= p_now
+         WHERE d.user_id = p_user_id AND d.state = 'waiting'
+           AND (d.planned_at <= p_now OR (d.first_at <= p_now AND d.tier = p_tier))
            AND NOT (d.kind = 'collapse' AND d.tier = p_tier AND d.collapse_key = coalesce(p_collapse_key, ''))
            AND (least(c.expires_at, d.give_up_at), d.tier) < (p_deadline, p_tier)
          ORDER BY least(c.expires_at, d.give_up_at), d.tier, d.enqueued_at, d.id
@@ -653,6 +680,7 @@ BEGIN
                 -- jitter on top in release_at only
                 UPDATE gov.deferred d
                    SET planned_at = v_next,
+                       first_at = NULL,  -- held again at its first slot: no longer timed later
                        release_at = greatest(v_next + gov.release_jitter(p_row.user_id,
                                                                          p_row.message_id || '#' || v_next::text),
                                              p_now + interval '1 millisecond')

@@ -44,12 +44,12 @@ def releaser(db_url: str, signer: VapidSigner, clock: Clock) -> Iterator[Release
 
 def held(conn: psycopg.Connection[Any], message_id: str) -> dict[str, Any]:
     row = conn.execute(
-        "SELECT kind, state, outcome, blocked_by, planned_at, release_at, collapsed_into FROM gov.deferred"
+        "SELECT kind, state, outcome, blocked_by, planned_at, release_at, collapsed_into, first_at FROM gov.deferred"
         " WHERE message_id = %s",
         (message_id,),
     ).fetchone()
     assert row is not None, f"{message_id} is not in gov.deferred"
-    keys = ("kind", "state", "outcome", "blocked_by", "planned_at", "release_at", "collapsed_into")
+    keys = ("kind", "state", "outcome", "blocked_by", "planned_at", "release_at", "collapsed_into", "first_at")
     return dict(zip(keys, row, strict=True))
 
 

@@ -159,3 +159,76 @@ def test_the_order_holds_under_concurrent_releasers(
     assert conn.execute(
         "SELECT count(*) FROM gov.sends WHERE budget = 'P3' AND message_id LIKE '%%-recs'"
     ).fetchone() == (20,)
+
+
+def _timed_recs(gov: Governor, clock: Clock, conn: psycopg.Connection[Any]) -> None:
+    """With [timing] on (the population reachable at 20:00 UTC), a recommendation (48 h TTL)
+    held at +6 d 2 h for the weekly slot of +7 d (09:00) is placed at 20:00 that day."""
+    from tests.integration.test_timing import curves, set_timing
+
+    set_timing(conn)
+    curves(conn)
+    clock.now = START + timedelta(days=6, hours=2)
+    assert gov.send(p3("u", "u-recs", "recs", 48 * 3600)).decision.action == "collapse"
+    recs = held(conn, "u-recs")
+    assert recs["planned_at"] == START + timedelta(days=7, hours=11) and recs["first_at"] == START + timedelta(days=7)
+
+
+def test_a_row_timing_placed_later_still_gets_the_slot_before_a_later_deadline(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """The digest (8 d TTL) was held for 09:00 before timing was on; the recommendation,
+    timed to 20:00, has the nearer deadline. At 09:00 the slot goes to the recommendation
+    (its first slot has passed): before migration 0054 the digest took it and the
+    recommendation expired at 20:00 (the next slot, +14 d, is past its TTL)."""
+    set_jitter(conn, 0)
+    clock.now = START
+    assert gov.send(p3("u", "u-first", "digest", 8 * 86400)).sent
+    clock.now = START + timedelta(days=6, hours=1)
+    assert gov.send(p3("u", "u-digest", "digest", 8 * 86400)).decision.action == "collapse"
+    _timed_recs(gov, clock, conn)
+    clock.now = START + timedelta(days=7)
+    Releaser(gov.source, clock=clock).run_once()
+    assert held(conn, "u-recs")["state"] == "released"
+    digest = held(conn, "u-digest")
+    assert digest["state"] == "waiting" and digest["planned_at"] == START + timedelta(days=14)
+    assert digest["first_at"] is None  # held again at its first slot: not timed
+
+
+def test_a_fresh_message_does_not_take_a_slot_a_timed_row_needs(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """The recommendation waits for 20:00; at 10:00 a digest arrives while the slot is open:
+    the recommendation goes first (released by the send), the digest is held."""
+    set_jitter(conn, 0)
+    clock.now = START
+    assert gov.send(p3("u", "u-first", "digest", 8 * 86400)).sent
+    _timed_recs(gov, clock, conn)
+    clock.now = START + timedelta(days=7, hours=1)
+    assert gov.send(p3("u", "u-digest", "digest", 8 * 86400)).decision.action == "collapse"
+    assert held(conn, "u-recs")["state"] == "released"
+
+
+def test_a_timed_row_with_the_later_deadline_keeps_its_hour(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any]
+) -> None:
+    """Timing placed the digest (8 d TTL) at 20:00; the recommendation held for 09:00 before
+    timing was on has the nearer deadline: at 09:00 it is released alone, and the digest is
+    not pulled forward (it keeps its hour)."""
+    from tests.integration.test_timing import curves, set_timing
+
+    set_jitter(conn, 0)
+    clock.now = START
+    assert gov.send(p3("u", "u-first", "digest", 8 * 86400)).sent
+    clock.now = START + timedelta(days=6, hours=1)
+    assert gov.send(p3("u", "u-recs", "recs", 48 * 3600)).decision.action == "collapse"
+    set_timing(conn)
+    curves(conn)
+    clock.now = START + timedelta(days=6, hours=2)
+    assert gov.send(p3("u", "u-digest", "digest", 8 * 86400)).decision.action == "collapse"
+    assert held(conn, "u-digest")["planned_at"] == START + timedelta(days=7, hours=11)
+    clock.now = START + timedelta(days=7)
+    assert Releaser(gov.source, clock=clock).run_once().outcomes == {"released": 1}
+    assert held(conn, "u-recs")["state"] == "released"
+    digest = held(conn, "u-digest")
+    assert digest["state"] == "waiting" and digest["planned_at"] == START + timedelta(days=7, hours=11)

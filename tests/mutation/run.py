@@ -56,6 +56,7 @@ CONTENT_OK = "    SELECT coalesce(jsonb_typeof(p_content)"
 CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
 NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
 REACH = "sql/migrations/0053_best_hours_from_reach.sql"
+TIMED = "sql/migrations/0054_timed_rows_contend.sql"
 REACH_KERNEL = "VALUES (-1, 0.25::double precision), (0, 0.5::double precision), (1, 0.25::double precision)"
 BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
 BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
@@ -98,7 +99,7 @@ MUTANTS = [
         (
             ("sql/schema/30_hold_release.sql", "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN",
              "IF false THEN", 1),
-            ("sql/migrations/0028_release_order.sql",
+            (TIMED,
              "IF p_row.give_up_at IS NOT NULL AND v_next > p_row.give_up_at THEN", "IF false THEN", 1),
         ),
         ("tests/integration/test_queue.py::test_defer_max_holds_at_release_when_the_slot_is_taken_again",),
@@ -122,8 +123,8 @@ MUTANTS = [
         "release_due_v2 takes held rows FOR UPDATE without SKIP LOCKED",
         (
             ("sql/schema/30_hold_release.sql", "FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1),
-            # (release_due_v2 as migration 0037 last made it)
-            ("sql/migrations/0037_release_plan.sql", "FOR UPDATE SKIP LOCKED\n        $q$",
+            # (release_due_v2 as migration 0054 last made it)
+            (TIMED, "FOR UPDATE SKIP LOCKED\n        $q$",
              "FOR UPDATE\n        $q$", 1),
         ),
         ("tests/integration/test_claim_specs.py::test_two_releasers_never_block_on_or_share_a_held_row",),
@@ -301,7 +302,7 @@ MUTANTS = [
         "the release order back to release time and id (no earliest deadline first, no tier tie-break)",
         (
             ("sql/schema/30_hold_release.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
-            ("sql/migrations/0037_release_plan.sql", EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
+            (TIMED, EDF_ORDER, "ORDER BY d.release_at, d.id", 1),
         ),
         (
             "tests/integration/test_release_order.py::test_the_slot_goes_to_the_nearest_deadline",
@@ -453,7 +454,7 @@ MUTANTS = [
         "a release that is held again or ends keeps the minute's place it took",
         tuple(
             (f, "SET used = m.used - 1 WHERE", "SET used = m.used WHERE", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", TIMED)
         ),
         ("tests/integration/test_release_capacity.py::test_a_release_that_does_not_go_gives_its_place_back",),
     ),
@@ -462,7 +463,7 @@ MUTANTS = [
         "gov.release_due_v2 never reads [release] per_minute: every due row goes in its minute",
         tuple(
             (f, "v_cap     integer := gov.release_minute_cap();", "v_cap     integer := NULL;", 1)
-            for f in ("sql/schema/30_hold_release.sql", "sql/migrations/0037_release_plan.sql")
+            for f in ("sql/schema/30_hold_release.sql", TIMED)
         ),
         (
             "tests/integration/test_release_capacity.py::test_no_minute_gets_more_than_the_capacity",
@@ -1568,6 +1569,33 @@ MUTANTS = [
         ((REACH, "SELECT gov.refresh_timing_curves_v1() WHERE EXISTS (SELECT 1 FROM gov.timing_curves);", "", 1),),
         ("tests/migration/test_migrations.py::"
          "test_the_upgrade_to_reach_rewrites_the_timings_prior_and_the_downgrade_restores_it",),
+    ),
+    Mutant(
+        "tr1_timed_rows_never_contend_early",
+        "a row timing placed later contends only from its chosen hour (the release order before 0054)",
+        ((TIMED, "OR (d.first_at <= $2 AND EXISTS (", "OR (false AND EXISTS (", 2),),
+        ("tests/integration/test_release_order.py::"
+         "test_a_row_timing_placed_later_still_gets_the_slot_before_a_later_deadline",),
+    ),
+    Mutant(
+        "tr2_fresh_send_ignores_timed_rows",
+        "a fresh message takes the slot a timed row of its tier with a nearer deadline needs",
+        ((TIMED, "OR (d.first_at <= p_now AND d.tier = p_tier)", "OR false", 1),),
+        ("tests/integration/test_release_order.py::test_a_fresh_message_does_not_take_a_slot_a_timed_row_needs",),
+    ),
+    Mutant(
+        "tr3_timed_rows_always_contend",
+        "a timed row contends from its first slot whatever the deadlines: pulled forward, it loses its hour",
+        ((TIMED, "\n                           AND coalesce(least(oc.expires_at, o.give_up_at), 'infinity')"
+                 "\n                               > least(c.expires_at, d.give_up_at)", "", 2),),
+        ("tests/integration/test_release_order.py::test_a_timed_row_with_the_later_deadline_keeps_its_hour",),
+    ),
+    Mutant(
+        "tr4_first_slot_not_kept",
+        "the hold does not keep a timed row's first slot",
+        ((TIMED, "            CASE WHEN v_planned > v_first THEN v_first END);", "            NULL);", 1),),
+        ("tests/integration/test_release_order.py::"
+         "test_a_row_timing_placed_later_still_gets_the_slot_before_a_later_deadline",),
     ),
 ]
 
