@@ -583,7 +583,10 @@ CREATE FUNCTION gov.display_hours(
     p_now     timestamptz,
     p_user_id text DEFAULT NULL
 ) RETURNS TABLE (user_id text, segment text, hour integer, displays bigint, clicks bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- planned for each call's arguments (migration 0055): a generic plan of "p_user_id IS NULL
+-- OR e.user_id = p_user_id" reads every user's events of the window, even for one user
+SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
@@ -752,7 +755,9 @@ CREATE FUNCTION gov.reach_hours(
     p_prompt  interval,
     p_user_id text DEFAULT NULL
 ) RETURNS TABLE (user_id text, segment text, hour integer, deliveries bigint, prompt bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- planned for each call's arguments, as gov.display_hours (one user's hold reads one user's)
+SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY

@@ -57,6 +57,7 @@ CONTENT_ANY = "    SELECT true OR coalesce(jsonb_typeof(p_content)"
 NAN_STRENGTH = " OR NOT p_strength < 'Infinity'::double precision THEN"
 REACH = "sql/migrations/0053_best_hours_from_reach.sql"
 TIMED = "sql/migrations/0054_timed_rows_contend.sql"
+CHEAP = "sql/migrations/0055_hold_timing_cheap.sql"
 REACH_KERNEL = "VALUES (-1, 0.25::double precision), (0, 0.5::double precision), (1, 0.25::double precision)"
 BACKFILL_ROWS = "AND m.decided_at <= v_now\n    ON CONFLICT DO NOTHING;"
 BACKFILL_NEW_ONLY = "AND m.decided_at <= v_now AND NOT b.budget = ANY (p_before)\n    ON CONFLICT DO NOTHING;"
@@ -326,7 +327,7 @@ MUTANTS = [
         tuple(
             (f, "coalesce(min(e.created_at) FILTER (WHERE e.event = 'display'), min(e.created_at)) AS shown_at",
              "max(e.created_at) AS shown_at", 1)
-            for f in ("sql/schema/50_analytics.sql", "sql/migrations/0029_best_hours.sql")
+            for f in ("sql/schema/50_analytics.sql", CHEAP)
         ),
         ("tests/integration/test_best_hours.py::test_hours_are_local_at_display_and_dst_moves_none",),
     ),
@@ -474,9 +475,10 @@ MUTANTS = [
         "bt4_timing_ignores_quiet_hours",
         "the timing's candidate hours include quiet ones",
         tuple(
-            (f, ' AND gov.quiet_until(p_user_id, c.t) = c.t',
-             '', 1)
-            for f in ("sql/schema/30_hold_release.sql", REACH)
+            edit
+            for f in ("sql/schema/30_hold_release.sql", CHEAP)
+            for edit in ((f, "IF gov.quiet_until(p_user_id, v_t) = v_t THEN", "IF true THEN", 2),
+                         (f, " WHERE gov.quiet_until(p_user_id, c.t) = c.t ORDER BY c.t", " ORDER BY c.t", 1))
         ),
         (
             "tests/integration/test_timing.py::test_quiet_hours_are_never_chosen",
@@ -488,7 +490,7 @@ MUTANTS = [
         tuple(
             (f, "        v_last := least(v_last, p_first + v_set.timing_p1_max_delay_ms * interval '1 millisecond');",
              '        NULL;', 1)
-            for f in ("sql/schema/30_hold_release.sql", REACH)
+            for f in ("sql/schema/30_hold_release.sql", CHEAP)
         ),
         (
             "tests/integration/test_timing.py::test_p1_waits_at_most_its_bounded_extra_delay_and_p0_never",
@@ -500,7 +502,7 @@ MUTANTS = [
         tuple(
             (f, '(coalesce(o.k, 0) + 2 * coalesce(g.estimate, p.estimate)) / (coalesce(o.n, 0) + 2)',
              'coalesce(g.estimate, p.estimate)', 1)
-            for f in ("sql/schema/30_hold_release.sql", REACH)
+            for f in ("sql/schema/30_hold_release.sql", CHEAP)
         ),
         (
             "tests/integration/test_timing.py::test_a_users_own_reach_beats_the_population",
@@ -512,7 +514,7 @@ MUTANTS = [
         tuple(
             (f, 'IF (v_draw % 1000000) < v_set.timing_explore * 1000000 THEN',
              'IF false THEN', 1)
-            for f in ("sql/schema/30_hold_release.sql", REACH)
+            for f in ("sql/schema/30_hold_release.sql", CHEAP)
         ),
         (
             "tests/integration/test_timing.py::test_an_explored_share_goes_at_a_drawn_hour_and_says_so",
@@ -524,7 +526,7 @@ MUTANTS = [
         tuple(
             (f, "IF (v_set.timing_enabled IS NOT TRUE AND NOT p_asked) OR p_tier = 'P0' THEN",
              "IF (v_set.timing_enabled IS NOT TRUE) OR p_tier = 'P0' THEN", 1)
-            for f in ("sql/schema/30_hold_release.sql", REACH)
+            for f in ("sql/schema/30_hold_release.sql", CHEAP)
         ),
         (
             "tests/integration/test_campaign_best.py::"
@@ -1540,14 +1542,14 @@ MUTANTS = [
     Mutant(
         "rh1_reach_at_display_hour",
         "the reach counts a delivery at the hour it was displayed, not delivered",
-        ((REACH, "date_part('hour', x.delivered_at AT TIME ZONE",
+        ((CHEAP, "date_part('hour', x.delivered_at AT TIME ZONE",
           "date_part('hour', coalesce(x.shown_at, x.delivered_at) AT TIME ZONE", 1),),
         ("tests/integration/test_reach_hours.py",),
     ),
     Mutant(
         "rh2_reach_any_display",
         "a delivery displayed at any time later counts as reached at once",
-        ((REACH, "count(*) FILTER (WHERE x.shown_at <= x.delivered_at + p_prompt)",
+        ((CHEAP, "count(*) FILTER (WHERE x.shown_at <= x.delivered_at + p_prompt)",
           "count(*) FILTER (WHERE x.shown_at IS NOT NULL)", 1),),
         ("tests/integration/test_reach_hours.py",),
     ),
@@ -1596,6 +1598,19 @@ MUTANTS = [
         ((TIMED, "            CASE WHEN v_planned > v_first THEN v_first END);", "            NULL);", 1),),
         ("tests/integration/test_release_order.py::"
          "test_a_row_timing_placed_later_still_gets_the_slot_before_a_later_deadline",),
+    ),
+    Mutant(
+        "bs1_best_slot_skips_quiet_check",
+        "the lazy best slot takes the best estimate's hour without asking whether it is quiet",
+        ((CHEAP, "        IF gov.quiet_until(p_user_id, v_t) = v_t THEN\n            o_slot := v_t;",
+          "        IF true THEN\n            o_slot := v_t;", 1),),
+        ("tests/integration/test_best_slot_same.py",),
+    ),
+    Mutant(
+        "bs2_best_slot_counts_one",
+        "the lazy best slot stops counting open candidates at one: it never times anything",
+        ((CHEAP, "EXIT WHEN v_open > 1;", "EXIT WHEN v_open > 0;", 1),),
+        ("tests/integration/test_best_slot_same.py",),
     ),
 ]
 
