@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from tests.integration.test_best_hours import NOW, Row, at_utc_hour, delivered, reach_crowd, shown, user
+from tests.integration.test_best_hours import NOW, Row, at_utc_hour, best, delivered, reach_crowd, shown, user
 
 
 def reach(conn: psycopg.Connection[Any], user_id: str, **kw: Any) -> list[Row]:
@@ -23,10 +23,6 @@ def reach(conn: psycopg.Connection[Any], user_id: str, **kw: Any) -> list[Row]:
 def curve(conn: psycopg.Connection[Any], segment: str | None = None) -> list[Row]:
     return [r for r in conn.execute("SELECT * FROM gov.hour_curves_v2(p_now => %s)", (NOW,)).fetchall()
             if r[0] == segment]
-
-
-def best(rows: list[Row]) -> list[int]:
-    return [r[0] for r in rows if r[5]]
 
 
 def test_the_hour_is_the_deliverys_and_prompt_means_displayed_at_once(conn: psycopg.Connection[Any]) -> None:
