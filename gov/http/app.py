@@ -756,14 +756,20 @@ def _run_workers(run_one: Callable[[socket.socket], None], socks: list[socket.so
     import signal
 
     children: list[int] = []
+    # each child says on this pipe that it holds its own socket only; the banner waits for
+    # all of them, so "serving" is never printed while a child still holds another's socket
+    ready_r, ready_w = os.pipe()
     for mine in socks:
         pid = os.fork()
         if pid == 0:  # the child: its own socket, pools and event loop, made after the fork
             code = 0
             try:
+                os.close(ready_r)
                 for other in socks:
                     if other is not mine:
                         other.close()
+                os.write(ready_w, b"+")
+                os.close(ready_w)
                 run_one(mine)
             except BaseException:  # reported here; the parent sees the status
                 log.exception("gov serve worker failed", extra={"action": "serve_worker_failed"})
@@ -773,6 +779,14 @@ def _run_workers(run_one: Callable[[socket.socket], None], socks: list[socket.so
         children.append(pid)
     for sock in socks:  # each child holds its own; a connection queued on a socket no child accepts would wait forever
         sock.close()
+    os.close(ready_w)
+    ready = 0
+    while ready < len(children):  # until every child has said so, or every one's end is closed (one died)
+        said = os.read(ready_r, len(children))
+        if not said:
+            break
+        ready += len(said)
+    os.close(ready_r)
     print(banner, file=sys.stderr, flush=True)
     stopping = False
 
