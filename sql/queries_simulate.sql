@@ -139,6 +139,24 @@ SELECT count(DISTINCT (e.user_id, e.message_id))
   JOIN gov.messages m ON m.user_id = e.user_id AND m.message_id = e.message_id
  WHERE e.event = 'click' AND m.tier <> 'P0';
 
+-- name: sim_delivered_non_p0
+-- Every delivered non-P0 message (accepted by the push service on at least one endpoint),
+-- whether the timing moved it and whether it drew a click (a summary counts as its
+-- carrier's message, as sim_clicks_non_p0). moved: 'best' or 'explore' when the hold was
+-- released at an hour gov.best_slot chose after its first slot (gov.deferred.first_at
+-- kept), NULL when it went at its first slot or was never held. `gov simulate --policy F
+-- --compare` pairs these by message with the baseline's run (common random numbers).
+SELECT m.user_id, m.message_id,
+       CASE WHEN d.first_at IS NOT NULL AND d.state = 'released' THEN d.timing END AS moved,
+       EXISTS (SELECT 1 FROM gov.push_events e
+                WHERE e.user_id = m.user_id AND e.message_id = m.message_id AND e.event = 'click') AS clicked
+  FROM gov.messages m
+  LEFT JOIN gov.deferred d ON d.user_id = m.user_id AND d.message_id = m.message_id
+ WHERE m.tier <> 'P0'
+   AND EXISTS (SELECT 1 FROM gov.outbox o
+                WHERE o.user_id = m.user_id AND o.message_id = m.message_id AND o.state = 'delivered')
+ ORDER BY m.user_id, m.message_id;
+
 -- name: sim_next_release
 -- When the releaser next has something to do (NULL: nothing waits).
 SELECT min(d.release_at) FROM gov.deferred d WHERE d.state = 'waiting';

@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from gov import Governor, Message
+from gov.delivery.runner import Dispatcher
 from gov.delivery.vapid import VapidSigner
 from gov.hold.release import Releaser
-from gov.testing import Clock
+from gov.testing import Clock, PushService
 from tests.integration.test_queue import held, set_jitter
 
 START = datetime(2026, 6, 10, 9, 0, tzinfo=UTC)
@@ -232,3 +233,28 @@ def test_a_timed_row_with_the_later_deadline_keeps_its_hour(
     assert held(conn, "u-recs")["state"] == "released"
     digest = held(conn, "u-digest")
     assert digest["state"] == "waiting" and digest["planned_at"] == START + timedelta(days=7, hours=11)
+
+
+def test_the_simulation_s_paired_lift_knows_which_deliveries_the_timing_moved(
+    gov: Governor, clock: Clock, conn: psycopg.Connection[Any], db_url: str, signer: VapidSigner, push: PushService
+) -> None:
+    """sim_delivered_non_p0, what `gov simulate --policy F --compare` pairs by message: the
+    recommendation timing moved from its first slot (09:00) to 20:00, released, delivered
+    through a push service and clicked, reads ('best', clicked); the first digest, sent at
+    once, reads (None, not clicked); a message not delivered is not there."""
+    from gov.queries import q
+
+    set_jitter(conn, 0)
+    gov.subscribe("u", push.subscribe().info)
+    clock.now = START
+    assert gov.send(p3("u", "u-first", "digest", 8 * 86400)).sent
+    _timed_recs(gov, clock, conn)
+    clock.now = START + timedelta(days=7, hours=11, minutes=5)  # (the hour's releases are spread over minutes)
+    with Dispatcher(db_url, signer, workers=1, clock=clock, allow_loopback_http=True) as runner:
+        assert Releaser(runner.source, dispatcher=runner, clock=clock).run_once().outcomes == {"released": 1}
+        runner.run_once()
+    assert gov.record_event("u", "u-recs", "click", at=clock.now)
+    clock.now = START + timedelta(days=7, hours=12)
+    assert gov.send(p3("u", "u-late", "digest", 8 * 86400)).decision.action == "collapse"  # held: not delivered
+    assert conn.execute(q("sim_delivered_non_p0")).fetchall() == [("u", "u-first", None, False),
+                                                                   ("u", "u-recs", "best", True)]

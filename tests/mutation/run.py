@@ -1612,6 +1612,31 @@ MUTANTS = [
         ((CHEAP, "EXIT WHEN v_open > 1;", "EXIT WHEN v_open > 0;", 1),),
         ("tests/integration/test_best_slot_same.py",),
     ),
+    Mutant(
+        "pl1_paired_by_message_id_alone",
+        "the simulation's paired lift matches a message by its id alone: another user's message of that id stands in",
+        (("gov/lab/simulate/versus.py", "theirs = {(u, m): clicked for u, m, _, clicked in baseline.delivered_non_p0}",
+          "theirs = {(\"\", m): clicked for u, m, _, clicked in baseline.delivered_non_p0}", 1),
+         ("gov/lab/simulate/versus.py", "other = theirs.get((u, m))", "other = theirs.get((\"\", m))", 1)),
+        ("tests/unit/test_simulate_probe.py::"
+         "test_a_comparison_pairs_each_delivered_message_with_itself_by_what_the_timing_did",),
+    ),
+    Mutant(
+        "pl2_moved_never_read",
+        "the simulation's delivered messages never say the timing moved them",
+        (("sql/queries_simulate.sql",
+          "CASE WHEN d.first_at IS NOT NULL AND d.state = 'released' THEN d.timing END AS moved",
+          "NULL::text AS moved", 1),),
+        ("tests/integration/test_release_order.py::"
+         "test_the_simulation_s_paired_lift_knows_which_deliveries_the_timing_moved",),
+    ),
+    Mutant(
+        "pl3_paired_test_one_sided",
+        "the paired lift's p-value is one-sided: half what McNemar's two-sided exact test gives",
+        (("gov/lab/simulate/versus.py", "return min(1.0, 2 * binomial_tail(low, m, upper=False))",
+          "return min(1.0, binomial_tail(low, m, upper=False))", 1),),
+        ("tests/unit/test_simulate_probe.py::test_the_paired_test_of_a_lift_is_mcnemar_s_exact_two_sided_one",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

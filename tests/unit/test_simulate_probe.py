@@ -73,3 +73,39 @@ def test_every_expired_count_is_named_for_what_it_counts_and_adds_up_to_the_tier
         tier = line.plain.split(" ", 1)[0]
         total = int(line.plain.split(": ", 1)[1].split(" ", 1)[0])
         assert total == next(r.expired for r in s.by_tier if r.key == tier)
+
+
+def test_a_comparison_pairs_each_delivered_message_with_itself_by_what_the_timing_did() -> None:
+    """`--policy F --compare` with [timing] on: the messages the timing moved are compared
+    with the same messages (user and id) in the baseline's run, those delivered in both only."""
+    from gov.lab.simulate.versus import paired_by_timing, policy_rows
+
+    candidate = replace(_summary("timing", "policy timing.toml"), delivered_non_p0=(
+        ("a", "m1", "best", True), ("b", "m1", "best", False), ("c", "m1", "best", True),  # c: not in the baseline
+        ("d", "m2", "explore", False), ("e", "m3", None, True), ("f", "m3", None, False),
+    ))
+    baseline = replace(_summary("default", "default policy"), delivered_non_p0=(
+        ("a", "m1", None, False), ("b", "m1", None, True), ("b", "m9", None, True),
+        ("d", "m2", None, False), ("e", "m3", None, True), ("f", "m3", None, True), ("g", "m1", None, True),
+    ))
+    best, explore, control = paired_by_timing(candidate, baseline)
+    assert (best.messages, best.both, best.only_candidate, best.only_baseline) == (2, 0, 1, 1)
+    assert best.rates == (0.5, 0.5) and best.p_value == 1.0
+    assert (explore.messages, explore.rates) == (1, (0.0, 0.0))
+    assert (control.messages, control.both, control.only_baseline, control.rates) == (2, 1, 1, (0.5, 1.0))
+    rows = {name: (mine, theirs) for name, mine, theirs in policy_rows(candidate, baseline)}
+    key = "the same messages in both runs, moved to the best hour: 2, clicks per delivered"
+    assert rows[key] == ("50.00% (×1.00, p 1)", "50.00%")
+    # nothing moved (timing off in both): no such rows
+    still = replace(candidate, delivered_non_p0=(("e", "m3", None, True),))
+    assert paired_by_timing(still, baseline) == []
+    assert not any(name.startswith("the same messages") for name, _, _ in policy_rows(still, baseline))
+
+
+def test_the_paired_test_of_a_lift_is_mcnemar_s_exact_two_sided_one() -> None:
+    from gov.lab.simulate.versus import Paired
+
+    # 10 messages clicked with the candidate only, 2 with the baseline only: P(X <= 2 | 12, 1/2) = 79/4096
+    assert abs(Paired("x", 40, 5, 10, 2).p_value - 2 * 79 / 4096) < 1e-12
+    assert Paired("x", 40, 5, 2, 10).p_value == Paired("x", 40, 5, 10, 2).p_value
+    assert Paired("x", 40, 5, 0, 0).p_value == 1.0

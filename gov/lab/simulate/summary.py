@@ -116,6 +116,9 @@ class Summary:
     tolerance: float = 1.0
     hours: Any = None  # hours.HourRecovery: gov's best hours vs the hidden ones (None without an hour effect)
     clicks_non_p0: int = 0  # non-P0 messages that drew a click (what the timing of held messages can move)
+    # every delivered non-P0 message: (user id, message id, moved by the timing: 'best', 'explore'
+    # or None, clicked), sim_delivered_non_p0: a comparison pairs them by message (versus.py)
+    delivered_non_p0: tuple[tuple[str, str, str | None, bool], ...] = ()
 
     @property
     def click_rate_non_p0(self) -> float:
@@ -205,8 +208,10 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         try:
             events = tuple((e, int(m), int(u)) for e, m, u in source.execute(q("sim_event_totals"), {}))
             (clicks_non_p0,) = source.execute(q("sim_clicks_non_p0"), {})[0]
+            delivered_non_p0 = tuple((str(u), str(m), moved, bool(clicked))
+                                     for u, m, moved, clicked in source.execute(q("sim_delivered_non_p0"), {}))
         except GovError:  # no telemetry table in this schema
-            events, clicks_non_p0 = (), 0
+            events, clicks_non_p0, delivered_non_p0 = (), 0, ()
         fatigue = _fatigue(source, config)
         marginal = _marginal(source, config)
         split = tuple((str(t), *(int(x) for x in rest)) for t, *rest in source.execute(q("sim_collapse_split"), {}))
@@ -252,6 +257,7 @@ def collect(dsn: str, config: SimConfig, *, label: str, stats: EngineStats) -> S
         expired_split=expired_split,
         expired_outcomes=expired_outcomes,
         clicks_non_p0=int(clicks_non_p0),
+        delivered_non_p0=delivered_non_p0,
         curve=tuple((v, *stats.curve[v]) for v in sorted(stats.curve)),  # type: ignore[misc]
         marginal=marginal,
         truth_positions=tuple(
