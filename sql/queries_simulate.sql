@@ -328,6 +328,11 @@ SELECT e.user_id, max(e.hour) FILTER (WHERE e.best) AS hour, sum(e.deliveries) A
 -- The policy's [timing] (the simulation refreshes the timing priors daily when it is on).
 SELECT coalesce((SELECT s.timing_enabled FROM gov.settings s), false);
 
+-- name: sim_set_timing
+-- `gov simulate --warm-days`: the policy's [timing] off for the first days, on from then, as
+-- an operator who applies the policy with it on that midnight.
+UPDATE gov.settings SET timing_enabled = %(on)s RETURNING timing_enabled;
+
 -- name: sim_refresh_timing
 -- The daily cron of a deployment with [timing] on, at the simulated midnight.
 SELECT gov.refresh_timing_curves_v1(p_now => %(now)s);

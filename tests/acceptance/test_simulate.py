@@ -144,3 +144,40 @@ def test_the_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
         assert listing.stdout.strip() == "0", listing.stderr
     finally:
         subprocess.run([sys.executable, "-m", "gov.cli", "db", "stop"], env=env, timeout=60, capture_output=True)
+
+
+def _timed_holds(pg_server: str, databases: TemplateDatabases, warm_days: int) -> tuple[list[int], bool]:
+    """The days (from the run's start) on which a 60-user, 3-day run with [timing] on held a
+    message at a timed hour, and whether the timing was on at the end."""
+    from gov import policy as policy_mod
+
+    text = policy_mod.default_policy_text() + "\n[timing]\nenabled = true\n"
+    config = SimConfig(users=60, days=3, seed=3, policy_text=text, policy_name="timing", warm_days=warm_days)
+    outcome = simulate(pg_server, config, governed=True, keep=True)
+    assert outcome.kept_url is not None
+    try:
+        with psycopg.connect(outcome.kept_url) as conn:
+            days = [int(d) for (d,) in conn.execute(
+                "SELECT DISTINCT floor(extract(epoch FROM d.enqueued_at - %s) / 86400) FROM gov.deferred d"
+                " WHERE d.timing IS NOT NULL ORDER BY 1", (config.start,))]
+            row = conn.execute("SELECT timing_enabled FROM gov.settings").fetchone()
+    finally:
+        databases.drop(outcome.kept_url)
+    return days, bool(row and row[0])
+
+
+@pytest.mark.slow
+def test_a_warm_start_times_nothing_before_its_midnight(pg_server: str, databases: TemplateDatabases) -> None:
+    """`--warm-days 2`: the same story holds nothing at a timed hour in its first two days
+    (a cold start does, from the first), and the timing is on at the end."""
+    cold, cold_on = _timed_holds(pg_server, databases, 0)
+    assert cold_on and cold and cold[0] < 2  # the story does time holds early on
+    warm, warm_on = _timed_holds(pg_server, databases, 2)
+    assert warm_on and warm and min(warm) >= 2, warm
+
+
+def test_warm_days_must_be_fewer_than_the_run_s_days(tmp_path: Path) -> None:
+    r = gov_simulate("--days", "3", "--warm-days", "3", env={"GOV_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("gov: error: Invalid value for '--warm-days': 3 is not fewer than the run's 3 days "
+                                "(see gov simulate --help)"), r.stderr

@@ -1637,6 +1637,20 @@ MUTANTS = [
           "return min(1.0, binomial_tail(low, m, upper=False))", 1),),
         ("tests/unit/test_simulate_probe.py::test_the_paired_test_of_a_lift_is_mcnemar_s_exact_two_sided_one",),
     ),
+    Mutant(
+        "wd1_warm_start_never_off",
+        "gov simulate --warm-days never turns the timing off: it times holds from the first day",
+        (("gov/lab/simulate/engine.py",
+          '            gov.source.execute(q("sim_set_timing"), {"on": False})\n', "", 1),),
+        ("tests/acceptance/test_simulate.py::test_a_warm_start_times_nothing_before_its_midnight",),
+    ),
+    Mutant(
+        "wd2_warm_start_never_on",
+        "gov simulate --warm-days never turns the timing back on",
+        (("gov/lab/simulate/engine.py", '                        gov.source.execute(q("sim_set_timing"), {"on": True})',
+          "                        pass", 1),),
+        ("tests/acceptance/test_simulate.py::test_a_warm_start_times_nothing_before_its_midnight",),
+    ),
 ]
 
 def git(*args: str, cwd: Path = ROOT) -> str:

@@ -64,6 +64,10 @@ def _progress_callback(progress: Progress, task: Any, days: int) -> Callable[[in
         help="Replay the same story with the governor off (every cap out of reach, no quiet hours), or "
         "with --policy under gov's default policy, and show both side by side. The same messages are "
         "planned; the teams stop sending to users who unsubscribed, so the messages handed to gov differ.")
+@option("--warm-days", envvar="GOV_SIMULATE_WARM_DAYS", type=click.IntRange(0, 365), default=0,
+        help="With a --policy whose [timing] is on: play the first N days with the timing off and turn it on at "
+        "that midnight, so that it starts from estimates that know the users (a warm start). Must be fewer than "
+        "--days. With --compare the paired lines then count only what the timing moved after it.")
 @option("--keep", envvar="GOV_SIMULATE_KEEP", is_flag=True,
         help="Keep the scratch database(s) and print their URLs, to look around with SQL.")
 @option("--grid", envvar="GOV_SIMULATE_GRID", is_flag=True,
@@ -92,6 +96,7 @@ def simulate(
     hour_effect: float,
     html_file: Path | None,
     compare: bool,
+    warm_days: int,
     keep: bool,
     grid: bool,
     seeds: str,
@@ -119,8 +124,12 @@ def simulate(
                 policy_text, policy_name = policy_file.read_text(encoding="utf-8"), f"policy {policy_file.name}"
             except (OSError, UnicodeDecodeError) as exc:
                 raise GovError(f"cannot read {policy_file}: {exc}") from None
+        if warm_days >= days:
+            _usage_error("--warm-days", f"{warm_days} is not fewer than the run's {days} days")
+        if warm_days and policy_name is not None:
+            policy_name += f" (warm: on from day {warm_days + 1})"
         config = SimConfig(users=users, days=days, seed=seed, tolerance=tolerance, hour_effect=hour_effect,
-                           policy_text=policy_text,
+                           policy_text=policy_text, warm_days=warm_days,
                            policy_name=policy_name or "default policy")
         try:
             load_policy(config)  # a bad file is refused before anything starts, as bad usage
@@ -138,7 +147,8 @@ def simulate(
                       disable=not err.is_terminal) as bar:  # a bar on a terminal only, never in a log
             plans = [(config, True, "governed")]
             if compare and policy_file is not None:  # the file against gov's default policy
-                plans.append((replace(config, policy_text=None, policy_name="default policy"), True, "default policy"))
+                plans.append((replace(config, policy_text=None, policy_name="default policy", warm_days=0), True,
+                              "default policy"))
             elif compare:  # the governor against no governor
                 plans.append((config, False, "governor off"))
             for plan, governed, label in plans:

@@ -561,6 +561,9 @@ class Engine:
         # [timing] on: the priors gov.best_slot reads are refreshed at every simulated
         # midnight, as the daily cron a deployment runs (gov.refresh_timing_curves_v1)
         (timing,) = gov.source.execute(q("sim_timing_enabled"), {})[0]
+        warm = cfg.warm_days if timing else 0  # a warm start: [timing] off until that midnight
+        if warm:
+            gov.source.execute(q("sim_set_timing"), {"on": False})
         carry: list[Row] = []  # rows finished deliver stages left in flight, for the next stage started
 
         def send(items: list[Planned]) -> list[tuple[tuple[Row, ...], bool]]:
@@ -630,6 +633,8 @@ class Engine:
                             delivering = None
                         self._telemetry.flush()
                         gov.source.execute(q("sim_refresh_timing"), {"now": now})
+                    if warm and next_day == warm + 1:  # the midnight ending the warm days, after the refresh
+                        gov.source.execute(q("sim_set_timing"), {"on": True})
                 due: list[Planned] = []
                 while heap and heap[0][0] < now:
                     p = heapq.heappop(heap)[-1]

@@ -42,6 +42,9 @@ class SimConfig:
     runners: int = 2  # runner processes (gov.delivery.runner.Dispatcher)
     workers: int = 8  # concurrent HTTP requests per runner process
     push_services: int = 2  # loopback push services, each in its own process (users are spread over them)
+    # with the policy's [timing] on: the days played with it off first, so that the timing
+    # starts from estimates that know the users (a warm start); 0: on from the first day
+    warm_days: int = 0
 
     def __post_init__(self) -> None:
         # the CLI refuses these as usage errors; a caller of the library gets a ValueError
@@ -49,6 +52,9 @@ class SimConfig:
         problem = tolerance_problem(self.tolerance)
         if problem is not None:
             raise ValueError(f"tolerance: {problem}")
+        if not 0 <= self.warm_days < self.days:
+            raise ValueError(f"warm_days: {self.warm_days!r} is not a whole number of days from 0 to the "
+                             f"run's {self.days} less one")
         low, high = HOUR_EFFECT_RANGE
         if not (math.isfinite(self.hour_effect) and low <= self.hour_effect <= high):
             raise ValueError(f"hour_effect: {self.hour_effect!r} is not a finite number in the range "
