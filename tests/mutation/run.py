@@ -1640,8 +1640,8 @@ MUTANTS = [
     Mutant(
         "wd1_warm_start_never_off",
         "gov simulate --warm-days never turns the timing off: it times holds from the first day",
-        (("gov/lab/simulate/engine.py",
-          '            gov.source.execute(q("sim_set_timing"), {"on": False})\n', "", 1),),
+        (("gov/lab/simulate/engine.py", 'gov.source.execute(q("sim_set_timing"), {"on": False})',
+          'gov.source.execute(q("sim_set_timing"), {"on": True})', 1),),
         ("tests/acceptance/test_simulate.py::test_a_warm_start_times_nothing_before_its_midnight",),
     ),
     Mutant(
