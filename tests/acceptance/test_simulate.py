@@ -176,8 +176,12 @@ def test_a_warm_start_times_nothing_before_its_midnight(pg_server: str, database
     assert warm_on and warm and min(warm) >= 2, warm
 
 
-def test_warm_days_must_be_fewer_than_the_run_s_days(tmp_path: Path) -> None:
+def test_warm_days_must_be_fewer_than_the_run_s_days_and_need_the_timing(tmp_path: Path) -> None:
     r = gov_simulate("--days", "3", "--warm-days", "3", env={"GOV_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == ("gov: error: Invalid value for '--warm-days': 3 is not fewer than the run's 3 days "
                                 "(see gov simulate --help)"), r.stderr
+    r = gov_simulate("--days", "3", "--warm-days", "1", env={"GOV_DATABASE_URL": "postgresql://nobody@127.0.0.1:9/none"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("gov: error: Invalid value for '--warm-days': it needs a --policy whose [timing] is "
+                                "enabled (see gov simulate --help)"), r.stderr

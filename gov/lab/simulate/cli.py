@@ -132,12 +132,14 @@ def simulate(
                            policy_text=policy_text, warm_days=warm_days,
                            policy_name=policy_name or "default policy")
         try:
-            load_policy(config)  # a bad file is refused before anything starts, as bad usage
+            chosen, _ = load_policy(config)  # a bad file is refused before anything starts, as bad usage
         except GovError as exc:
             # one line, exit 2, as gov's own usage errors (also when run as this module)
             click.echo(f"gov: error: Invalid value for '--policy': {one_line(str(exc))} "
                        "(see gov simulate --help)", err=True)
             sys.exit(2)
+        if warm_days and not chosen.timing_enabled:  # it would change nothing: say so, not a silent no-op
+            _usage_error("--warm-days", "it needs a --policy whose [timing] is enabled")
         started = time.perf_counter()
         server = resolve_url(database_url)
         spent = cost_meter(server)
